@@ -1,0 +1,361 @@
+"""Triton kernels for the GQA head expansion (forward) and its group reduction (backward).
+
+Both are memory-bound copies: the floor is the minimal bytes over the copy bandwidth. So
+each kernel touches every byte once:
+
+- ``expand_fwd_kernel`` loads a tile of one KV head once and stores it ``n_rep`` times;
+  k and v share one launch.
+- ``reduce_bwd_kernel`` loads the ``n_rep`` gradient tiles of one group, sums them in
+  float32 (float64 for float64) in a fixed order, stores once; both gradients share one
+  launch. No atomics, so results are deterministic.
+
+Inputs keep their strides (no ``.contiguous()``): the launcher folds ``(N, D)`` into one
+dimension when the rows are packed, so the common case is a long 1-D run per head, and a
+transposed ``[B, N, H, D]`` view becomes a 2-D ``[rows, cols]`` tile with a row stride.
+Outputs are always contiguous. Offsets switch to 64-bit only when a tensor's reach needs it.
+
+This module launches; it does not validate (``neuralops_gqa.ops`` does, once, for the fake
+and real implementations alike) and registers nothing with ``torch.library``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from csrc_free_ops.launch_settings import MAX_UNROLLED_REPS, Tiling, expand_tiling, reduce_tiling, rep_split
+
+_INT32_LIMIT = 2**31 - 1
+
+# Element types Triton can't move bit-exactly on every target (float8 needs sm_89 for
+# its pointer type; bool loads are normalised to 0/1) travel as bytes of the same width.
+_BYTE_ALIASES = {
+    torch.bool: torch.uint8,
+    torch.float8_e4m3fn: torch.uint8,
+    torch.float8_e5m2: torch.uint8,
+    torch.float8_e4m3fnuz: torch.uint8,
+    torch.float8_e5m2fnuz: torch.uint8,
+}
+
+
+@triton.jit
+def _expand_tile(
+    src,
+    dst,
+    t,
+    n_rep,
+    kv_heads,
+    rows,
+    cols,
+    s_b,
+    s_h,
+    s_r,
+    s_c,
+    tiles_r,
+    tiles_c,
+    rep_chunks,
+    reps_per_program,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    INDEX_64: tl.constexpr,
+):
+    if INDEX_64:
+        t = t.to(tl.int64)
+    # Consecutive programs take the rep chunks of one tile, then the next tile of the
+    # same head: the tile is re-read from L2, not HBM, when reps are split.
+    chunk = t % rep_chunks
+    t = t // rep_chunks
+    tc = t % tiles_c
+    t = t // tiles_c
+    tr = t % tiles_r
+    bh = t // tiles_r
+    b = bh // kv_heads
+    h = bh % kv_heads
+    offs_r = tr * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_c = tc * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (offs_r < rows)[:, None] & (offs_c < cols)[None, :]
+    src_offs = b * s_b + h * s_h + offs_r[:, None] * s_r + offs_c[None, :] * s_c
+    tile = tl.load(src + src_offs, mask=mask)
+    head_elems = rows * cols
+    dst_offs = offs_r[:, None] * cols + offs_c[None, :]
+    first = chunk * reps_per_program
+    last = tl.minimum(first + reps_per_program, n_rep)
+    for r in range(first, last):
+        tl.store(dst + (bh * n_rep + r) * head_elems + dst_offs, tile, mask=mask)
+
+
+@triton.jit
+def expand_fwd_kernel(
+    k,
+    v,
+    k_out,
+    v_out,
+    n_rep,
+    kv_heads,
+    k_rows,
+    k_cols,
+    k_sb,
+    k_sh,
+    k_sr,
+    k_sc,
+    k_tiles_r,
+    k_tiles_c,
+    v_rows,
+    v_cols,
+    v_sb,
+    v_sh,
+    v_sr,
+    v_sc,
+    v_tiles_r,
+    v_tiles_c,
+    rep_chunks,
+    reps_per_program,
+    k_programs,
+    K_BLOCK_R: tl.constexpr,
+    K_BLOCK_C: tl.constexpr,
+    V_BLOCK_R: tl.constexpr,
+    V_BLOCK_C: tl.constexpr,
+    INDEX_64: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if pid < k_programs:
+        _expand_tile(k, k_out, pid, n_rep, kv_heads, k_rows, k_cols, k_sb, k_sh, k_sr, k_sc,
+                     k_tiles_r, k_tiles_c, rep_chunks, reps_per_program,
+                     K_BLOCK_R, K_BLOCK_C, INDEX_64)  # fmt: skip
+    else:
+        _expand_tile(v, v_out, pid - k_programs, n_rep, kv_heads, v_rows, v_cols, v_sb, v_sh,
+                     v_sr, v_sc, v_tiles_r, v_tiles_c, rep_chunks, reps_per_program,
+                     V_BLOCK_R, V_BLOCK_C, INDEX_64)  # fmt: skip
+
+
+@triton.jit
+def _reduce_tile(
+    src,
+    dst,
+    t,
+    kv_heads,
+    rows,
+    cols,
+    s_b,
+    s_h,
+    s_r,
+    s_c,
+    tiles_r,
+    tiles_c,
+    N_REP: tl.constexpr,
+    UNROLL: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    ACC_DTYPE: tl.constexpr,
+    INDEX_64: tl.constexpr,
+):
+    if INDEX_64:
+        t = t.to(tl.int64)
+    tc = t % tiles_c
+    t = t // tiles_c
+    tr = t % tiles_r
+    bh = t // tiles_r
+    b = bh // kv_heads
+    j = bh % kv_heads
+    offs_r = tr * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_c = tc * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = (offs_r < rows)[:, None] & (offs_c < cols)[None, :]
+    group = src + b * s_b + (j * N_REP) * s_h + offs_r[:, None] * s_r + offs_c[None, :] * s_c
+    acc = tl.zeros((BLOCK_R, BLOCK_C), dtype=ACC_DTYPE)
+    # N_REP is a compile-time constant: the loop unrolls, so all the group's loads can be
+    # in flight together, and the summation order is fixed (head 0, 1, ..., n_rep - 1).
+    if UNROLL:
+        for r in tl.static_range(N_REP):
+            acc += tl.load(group + r * s_h, mask=mask).to(ACC_DTYPE)
+    else:
+        for r in range(N_REP):
+            acc += tl.load(group + r * s_h, mask=mask).to(ACC_DTYPE)
+    dst_offs = bh * (rows * cols) + offs_r[:, None] * cols + offs_c[None, :]
+    tl.store(dst + dst_offs, acc.to(dst.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def reduce_bwd_kernel(
+    gk,
+    gv,
+    gk_out,
+    gv_out,
+    kv_heads,
+    k_rows,
+    k_cols,
+    k_sb,
+    k_sh,
+    k_sr,
+    k_sc,
+    k_tiles_r,
+    k_tiles_c,
+    v_rows,
+    v_cols,
+    v_sb,
+    v_sh,
+    v_sr,
+    v_sc,
+    v_tiles_r,
+    v_tiles_c,
+    k_programs,
+    N_REP: tl.constexpr,
+    UNROLL: tl.constexpr,
+    K_BLOCK_R: tl.constexpr,
+    K_BLOCK_C: tl.constexpr,
+    V_BLOCK_R: tl.constexpr,
+    V_BLOCK_C: tl.constexpr,
+    K_ACC: tl.constexpr,
+    V_ACC: tl.constexpr,
+    INDEX_64: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if pid < k_programs:
+        _reduce_tile(gk, gk_out, pid, kv_heads, k_rows, k_cols, k_sb, k_sh, k_sr, k_sc,
+                     k_tiles_r, k_tiles_c, N_REP, UNROLL, K_BLOCK_R, K_BLOCK_C, K_ACC, INDEX_64)  # fmt: skip
+    else:
+        _reduce_tile(gv, gv_out, pid - k_programs, kv_heads, v_rows, v_cols, v_sb, v_sh, v_sr,
+                     v_sc, v_tiles_r, v_tiles_c, N_REP, UNROLL, V_BLOCK_R, V_BLOCK_C, V_ACC, INDEX_64)  # fmt: skip
+
+
+def _layout(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, int, int, int, int, int]:
+    """``(rows, cols, s_b, s_h, s_r, s_c)``: one head as a 2-D ``[rows, cols]`` array.
+
+    ``(N, D)`` folds into a single run when a row's stride is the row length, so packed
+    heads are copied as long 1-D runs whatever D is (no masked lanes for D = 80 or 96).
+    """
+    _, _, n, d = shape
+    s_b, s_h, s_n, s_d = stride
+    if d == 1:
+        return 1, n, s_b, s_h, 0, s_n
+    if n == 1 or s_n == d * s_d:
+        return 1, n * d, s_b, s_h, 0, s_d
+    return n, d, s_b, s_h, s_n, s_d
+
+
+def _reach(shape: tuple[int, ...], layout: tuple[int, ...], tiling: Tiling, out_heads: int) -> int:
+    """Largest element offset a program may form, masked lanes included, input or output."""
+    b, h = shape[0], shape[1]
+    _, _, s_b, s_h, s_r, s_c = layout
+    padded_r = tiling.tiles_r * tiling.block_r
+    padded_c = tiling.tiles_c * tiling.block_c
+    src = (b - 1) * s_b + (h - 1) * s_h + (padded_r - 1) * s_r + (padded_c - 1) * s_c
+    return max(src, b * out_heads * padded_r * padded_c)
+
+
+def _as_copyable(x: Tensor) -> Tensor:
+    alias = _BYTE_ALIASES.get(x.dtype)
+    return x if alias is None else x.view(alias)
+
+
+# Stand-ins for a tensor with no elements: its branch of the kernel gets no programs.
+_EMPTY_LAYOUT = (0, 0, 0, 0, 0, 0)
+_EMPTY_TILING = Tiling(1, 1, 0, 0, 1)
+
+Plan = tuple[tuple[int], tuple[int, ...], dict[str, object]]
+
+
+@functools.lru_cache(maxsize=1024)
+def _expand_plan(
+    k_shape: tuple[int, ...],
+    k_stride: tuple[int, ...],
+    k_itemsize: int,
+    v_shape: tuple[int, ...],
+    v_stride: tuple[int, ...],
+    v_itemsize: int,
+    n_rep: int,
+) -> Plan | None:
+    """Grid, scalar arguments and meta-parameters of one expansion; ``None``: nothing to copy.
+
+    Cached by shape, strides and item sizes, so a repeated call skips this arithmetic.
+    """
+    batch, kv_heads = k_shape[0], k_shape[1]
+    heads = batch * kv_heads
+    args: list[int] = [n_rep, kv_heads]
+    meta: dict[str, object] = {}
+    programs = []
+    tilings = []
+    for name, shape, stride, itemsize in (("K", k_shape, k_stride, k_itemsize), ("V", v_shape, v_stride, v_itemsize)):
+        empty = math.prod(shape) == 0
+        layout = _EMPTY_LAYOUT if empty else _layout(shape, stride)
+        tiling = _EMPTY_TILING if empty else expand_tiling(layout[0], layout[1], itemsize, heads)
+        args += [*layout, tiling.tiles_r, tiling.tiles_c]
+        meta[f"{name}_BLOCK_R"], meta[f"{name}_BLOCK_C"] = tiling.block_r, tiling.block_c
+        programs.append(0 if empty else heads * tiling.tiles_r * tiling.tiles_c)
+        tilings.append((shape, layout, tiling, empty))
+    if programs == [0, 0]:
+        return None
+    rep_chunks, reps_per_program = rep_split(sum(programs), n_rep)
+    k_programs, v_programs = (p * rep_chunks for p in programs)
+    args += [rep_chunks, reps_per_program, k_programs]
+    out_heads = kv_heads * n_rep
+    meta["INDEX_64"] = max(_reach(s, lay, t, out_heads) for s, lay, t, empty in tilings if not empty) > _INT32_LIMIT
+    meta["num_warps"] = max(t.num_warps for _, _, t, empty in tilings if not empty)
+    return (k_programs + v_programs,), tuple(args), meta
+
+
+def expand_forward(k: Tensor, v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]:
+    """``[B, H_kv, N, D] -> [B, H_kv * n_rep, N, D]`` for k and v in one launch."""
+    k_shape, v_shape = k.shape, v.shape
+    k_out = k.new_empty((k_shape[0], k_shape[1] * n_rep, k_shape[2], k_shape[3]))
+    v_out = v.new_empty((v_shape[0], v_shape[1] * n_rep, v_shape[2], v_shape[3]))
+    plan = _expand_plan(k_shape, k.stride(), k.element_size(), v_shape, v.stride(), v.element_size(), n_rep)
+    if plan is not None:
+        grid, args, meta = plan
+        expand_fwd_kernel[grid](
+            _as_copyable(k), _as_copyable(v), _as_copyable(k_out), _as_copyable(v_out), *args, **meta
+        )
+    return k_out, v_out
+
+
+_ACC_DTYPES = {torch.float64: tl.float64}
+
+
+@functools.lru_cache(maxsize=1024)
+def _reduce_plan(
+    k_shape: tuple[int, ...],
+    k_stride: tuple[int, ...],
+    k_dtype: torch.dtype,
+    v_shape: tuple[int, ...],
+    v_stride: tuple[int, ...],
+    v_dtype: torch.dtype,
+    n_rep: int,
+) -> Plan | None:
+    """Grid, scalar arguments and meta-parameters of one reduction; ``None``: nothing to sum."""
+    batch, kv_heads = k_shape[0], k_shape[1] // n_rep
+    heads = batch * kv_heads
+    args: list[int] = [kv_heads]
+    meta: dict[str, object] = {"N_REP": n_rep, "UNROLL": n_rep <= MAX_UNROLLED_REPS}
+    programs = []
+    tilings = []
+    for name, shape, stride, dtype in (("K", k_shape, k_stride, k_dtype), ("V", v_shape, v_stride, v_dtype)):
+        empty = math.prod(shape) == 0
+        layout = _EMPTY_LAYOUT if empty else _layout(shape, stride)
+        tiling = _EMPTY_TILING if empty else reduce_tiling(layout[0], layout[1], dtype.itemsize, heads)
+        args += [*layout, tiling.tiles_r, tiling.tiles_c]
+        meta[f"{name}_BLOCK_R"], meta[f"{name}_BLOCK_C"] = tiling.block_r, tiling.block_c
+        meta[f"{name}_ACC"] = _ACC_DTYPES.get(dtype, tl.float32)
+        programs.append(0 if empty else heads * tiling.tiles_r * tiling.tiles_c)
+        tilings.append((shape, layout, tiling, empty))
+    if programs == [0, 0]:
+        return None
+    args.append(programs[0])
+    meta["INDEX_64"] = max(_reach(s, lay, t, kv_heads) for s, lay, t, empty in tilings if not empty) > _INT32_LIMIT
+    meta["num_warps"] = max(t.num_warps for _, _, t, empty in tilings if not empty)
+    return (sum(programs),), tuple(args), meta
+
+
+def reduce_backward(grad_k: Tensor, grad_v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]:
+    """``[B, H, N, D] -> [B, H // n_rep, N, D]``, summing each group, both gradients in one launch."""
+    k_shape, v_shape = grad_k.shape, grad_v.shape
+    gk_out = grad_k.new_empty((k_shape[0], k_shape[1] // n_rep, k_shape[2], k_shape[3]))
+    gv_out = grad_v.new_empty((v_shape[0], v_shape[1] // n_rep, v_shape[2], v_shape[3]))
+    plan = _reduce_plan(k_shape, grad_k.stride(), grad_k.dtype, v_shape, grad_v.stride(), grad_v.dtype, n_rep)
+    if plan is not None:
+        grid, args, meta = plan
+        reduce_bwd_kernel[grid](grad_k, grad_v, gk_out, gv_out, *args, **meta)
+    return gk_out, gv_out

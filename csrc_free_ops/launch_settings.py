@@ -1,0 +1,72 @@
+"""Launch settings for the GQA kernels: a fixed heuristic by shape class, no autotuning.
+
+Both kernels stream memory, so what matters is (1) enough bytes in flight per SM, which
+wants large tiles and several 16-byte vectors per thread, and (2) enough programs to cover
+the 132 SMs of an H200 several times over, which wants small tiles when the tensor is
+small. The rules below start from a large tile and halve it until the grid is wide enough.
+The expansion can also split the ``n_rep`` stores of one tile across programs (the tile
+is then re-read from L2); the reduction can't without atomics, so it only shrinks tiles.
+
+The constants are chosen from measurements on an H200; docs/benchmarks.md has the sweep.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import triton
+
+# Programs wanted in one launch: 4 waves of the H200's 132 SMs.
+TARGET_PROGRAMS = 528
+# A tile's bytes before shrinking, and the floor shrinking stops at.
+TILE_BYTES = 16384
+MIN_TILE_BYTES = 2048
+# Bytes one warp moves per load instruction (32 threads x 16-byte vectors), times the
+# vectors we want each thread to keep in flight.
+BYTES_PER_WARP = 32 * 16 * 4
+MAX_WARPS = 8
+# The reduction unrolls its loop over the group up to this many heads; above, the loop
+# stays rolled so compile time and code size stay bounded.
+MAX_UNROLLED_REPS = 32
+
+
+class Tiling(NamedTuple):
+    block_r: int
+    block_c: int
+    tiles_r: int
+    tiles_c: int
+    num_warps: int
+
+
+def _tiling(rows: int, cols: int, itemsize: int, heads: int, tile_bytes: int) -> Tiling:
+    tile_elems = max(1, tile_bytes // itemsize)
+    while True:
+        block_c = min(triton.next_power_of_2(cols), tile_elems)
+        block_r = max(1, min(triton.next_power_of_2(rows), tile_elems // block_c))
+        tiles = heads * triton.cdiv(rows, block_r) * triton.cdiv(cols, block_c)
+        if tiles >= TARGET_PROGRAMS or tile_elems * itemsize <= MIN_TILE_BYTES:
+            break
+        tile_elems //= 2
+    warps = min(MAX_WARPS, max(1, block_r * block_c * itemsize // BYTES_PER_WARP))
+    return Tiling(block_r, block_c, triton.cdiv(rows, block_r), triton.cdiv(cols, block_c), warps)
+
+
+def expand_tiling(rows: int, cols: int, itemsize: int, heads: int) -> Tiling:
+    """Tiling of one KV head's ``[rows, cols]`` plane for the expansion."""
+    return _tiling(rows, cols, itemsize, heads, TILE_BYTES)
+
+
+def rep_split(programs: int, n_rep: int) -> tuple[int, int]:
+    """``(rep_chunks, reps_per_program)``: how the ``n_rep`` stores of a tile are shared out.
+
+    When the tiles alone give fewer than ``TARGET_PROGRAMS`` programs (MQA, short
+    sequences), each tile's copies are split over several programs.
+    """
+    chunks = min(n_rep, max(1, triton.cdiv(TARGET_PROGRAMS, max(programs, 1))))
+    reps_per_program = triton.cdiv(n_rep, chunks)
+    return triton.cdiv(n_rep, reps_per_program), reps_per_program
+
+
+def reduce_tiling(rows: int, cols: int, itemsize: int, heads: int) -> Tiling:
+    """Tiling of one KV head's ``[rows, cols]`` plane for the group reduction."""
+    return _tiling(rows, cols, itemsize, heads, TILE_BYTES)

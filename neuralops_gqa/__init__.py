@@ -1,0 +1,12 @@
+"""Grouped-query attention's KV head expansion as a PyTorch operator.
+
+Importing this package registers ``torch.ops.neuralops.gqa_expand`` and
+``torch.ops.neuralops.gqa_reduce`` (its backward); nothing else needs to be called.
+"""
+
+from neuralops_gqa import ops
+from neuralops_gqa.functional import gqa_expand, repeat_kv
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "gqa_expand", "ops", "repeat_kv"]

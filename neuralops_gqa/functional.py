@@ -1,0 +1,60 @@
+"""Public Python entry points: ``gqa_expand`` for k and v together, ``repeat_kv`` for one tensor."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from neuralops_gqa import ops
+
+
+def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
+    """Expand grouped-query KV heads to the query heads, for k and v in one kernel launch.
+
+    Output head ``h`` is a copy of KV head ``h // (num_heads // num_kv_heads)``, the order of
+    ``repeat_interleave(dim=1)`` and of ``scaled_dot_product_attention(..., enable_gqa=True)``.
+
+    Args:
+        k: ``[B, H_kv, N, D_k]``, any strides.
+        v: ``[B, H_kv, N, D_v]``, any strides; its dtype and ``D_v`` may differ from k's.
+        num_kv_heads: ``H_kv``.
+        num_heads: the query heads ``H``, a positive multiple of ``num_kv_heads``.
+
+    Returns:
+        ``(k_expanded, v_expanded)``, new contiguous ``[B, H, N, D]`` tensors; when
+        ``num_heads == num_kv_heads`` the inputs themselves, as Hugging Face's ``repeat_kv`` does.
+
+    Example:
+        >>> k, v = torch.randn(2, 8, 16, 64), torch.randn(2, 8, 16, 64)
+        >>> k32, v32 = gqa_expand(k, v, 8, 32)
+        >>> k32.shape, bool((k32[:, 5] == k[:, 1]).all())
+        (torch.Size([2, 32, 16, 64]), True)
+    """
+    if num_heads == num_kv_heads:
+        ops.check_inputs("gqa_expand", ("k", "v"), k, v, num_kv_heads, num_heads)
+        return k, v
+    return torch.ops.neuralops.gqa_expand(k, v, num_kv_heads, num_heads)
+
+
+def repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
+    """Drop-in for Hugging Face's ``repeat_kv``: ``[B, H_kv, N, D] -> [B, H_kv * n_rep, N, D]``.
+
+    Head ``h`` of the result copies head ``h // n_rep``. Only this one tensor is copied (the
+    op's second input is a zero-width view). Returns ``hidden_states`` itself when
+    ``n_rep == 1``.
+
+    Example:
+        >>> x = torch.randn(1, 2, 3, 4)
+        >>> bool((repeat_kv(x, 3) == x.repeat_interleave(3, dim=1)).all())
+        True
+    """
+    torch._check_value(n_rep >= 1, lambda: f"repeat_kv: n_rep must be a positive int, got {n_rep}")
+    if n_rep == 1:
+        return hidden_states
+    torch._check_value(
+        hidden_states.dim() == 4,
+        lambda: f"repeat_kv: hidden_states must be 4-D [B, H_kv, N, D], got shape {tuple(hidden_states.shape)}",
+    )
+    kv_heads = hidden_states.shape[1]
+    out, _ = torch.ops.neuralops.gqa_expand(hidden_states, hidden_states[..., :0], kv_heads, kv_heads * n_rep)
+    return out

@@ -1,0 +1,206 @@
+"""The contract of ``torch.ops.neuralops.gqa_expand`` and ``torch.ops.neuralops.gqa_reduce``.
+
+Everything PyTorch needs to know about the two ops lives here, in this order: input
+validation (shared by the real and fake implementations), backend choice, the schemas
+with their real implementations, the fake implementations, and the autograd formulas.
+The kernels themselves live in ``csrc_free_ops``; nothing there knows about
+``torch.library``.
+
+    gqa_expand(Tensor k, Tensor v, SymInt num_kv_heads, SymInt num_heads) -> (Tensor, Tensor)
+    gqa_reduce(Tensor grad_k, Tensor grad_v, SymInt num_kv_heads, SymInt num_heads) -> (Tensor, Tensor)
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+import torch
+from torch import Tensor
+
+from csrc_free_ops.reference import expand_reference, reduce_reference
+
+BACKEND_ENV = "NEURALOPS_GQA_BACKEND"
+_BACKENDS = ("auto", "triton", "torch")
+_REDUCE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+# --- validation: one function, called by the real and the fake implementations ---------
+
+
+def check_inputs(
+    op: str,
+    names: tuple[str, str],
+    a: Tensor,
+    b: Tensor,
+    num_kv_heads: int,
+    num_heads: int,
+) -> None:
+    """Raise a ``ValueError``/``RuntimeError`` naming the argument if the op can't run.
+
+    ``a`` and ``b`` are ``(k, v)`` for ``gqa_expand`` (head dim ``num_kv_heads``) and
+    ``(grad_k, grad_v)`` for ``gqa_reduce`` (head dim ``num_heads``). Shape relations go
+    through ``torch._check*`` so that symbolic shapes become runtime asserts, not guards.
+    """
+    reduce = op == "gqa_reduce"
+    for name, x in zip(names, (a, b)):
+        torch._check_value(
+            x.dim() == 4,
+            lambda: f"{op}: {name} must be 4-D [B, H, N, D], got shape {tuple(x.shape)}",
+        )
+        if reduce:
+            torch._check_value(
+                x.dtype in _REDUCE_DTYPES,
+                lambda: f"{op}: {name} must be float16, bfloat16, float32 or float64, got {x.dtype}",
+            )
+        else:
+            torch._check_value(
+                not x.dtype.is_complex,
+                lambda: f"{op}: {name} must have a real dtype, got {x.dtype}",
+            )
+    torch._check(
+        a.device == b.device,
+        lambda: f"{op}: {names[0]} and {names[1]} must be on one device, got {a.device} and {b.device}",
+    )
+    torch._check_value(num_kv_heads > 0, lambda: f"{op}: num_kv_heads must be positive, got {num_kv_heads}")
+    torch._check_value(num_heads > 0, lambda: f"{op}: num_heads must be positive, got {num_heads}")
+    torch._check_value(
+        num_heads % num_kv_heads == 0,
+        lambda: f"{op}: num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})",
+    )
+    head_arg, heads = ("num_heads", num_heads) if reduce else ("num_kv_heads", num_kv_heads)
+    torch._check_value(
+        a.shape[1] == heads,
+        lambda: f"{op}: {names[0]}.shape[1] ({a.shape[1]}) must equal {head_arg} ({heads})",
+    )
+    for dim, what in ((0, "batch"), (1, "head"), (2, "sequence")):
+        torch._check_value(
+            a.shape[dim] == b.shape[dim],
+            lambda: f"{op}: {names[0]} and {names[1]} must agree in the {what} dim {dim}, "
+            f"got {names[0]} {tuple(a.shape)} and {names[1]} {tuple(b.shape)}",
+        )
+
+
+# --- backend choice: read on every call, so tests and users can switch at run time ----
+
+_triton_module: ModuleType | None = None
+
+
+def _triton_kernels() -> ModuleType:
+    """``csrc_free_ops.gqa_triton``, imported on first use so a CPU-only install needs no Triton."""
+    global _triton_module
+    if _triton_module is None:
+        from csrc_free_ops import gqa_triton
+
+        _triton_module = gqa_triton
+    return _triton_module
+
+
+def _use_triton(x: Tensor) -> bool:
+    backend = os.environ.get(BACKEND_ENV, "auto")
+    if backend == "auto":
+        return x.is_cuda
+    if backend == "torch":
+        return False
+    if backend == "triton":
+        torch._check(
+            x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1",
+            lambda: f"{BACKEND_ENV}=triton on a {x.device.type} tensor needs TRITON_INTERPRET=1 "
+            "(the Triton interpreter) set before neuralops_gqa runs its first kernel",
+        )
+        return True
+    raise ValueError(f"{BACKEND_ENV} must be one of {', '.join(_BACKENDS)}, got {backend!r}")
+
+
+# --- the ops ---------------------------------------------------------------------------
+
+
+# custom_op gives the schema, functionalization and the autograd plumbing in one place;
+# int annotations become SymInt so dynamic head counts trace.
+@torch.library.custom_op("neuralops::gqa_expand", mutates_args=())
+def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
+    """``[B, H_kv, N, D] -> [B, num_heads, N, D]`` for k and v: head ``h`` copies KV head ``h // n_rep``."""
+    check_inputs("gqa_expand", ("k", "v"), k, v, num_kv_heads, num_heads)
+    n_rep = num_heads // num_kv_heads
+    if _use_triton(k):
+        return _triton_kernels().expand_forward(k, v, n_rep)
+    return expand_reference(k, n_rep), expand_reference(v, n_rep)
+
+
+@torch.library.custom_op("neuralops::gqa_reduce", mutates_args=())
+def gqa_reduce(grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
+    """``[B, num_heads, N, D] -> [B, H_kv, N, D]``: KV head ``j`` sums its group's ``n_rep`` heads."""
+    check_inputs("gqa_reduce", ("grad_k", "grad_v"), grad_k, grad_v, num_kv_heads, num_heads)
+    if _use_triton(grad_k):
+        return _triton_kernels().reduce_backward(grad_k, grad_v, num_heads // num_kv_heads)
+    return reduce_reference(grad_k, num_kv_heads), reduce_reference(grad_v, num_kv_heads)
+
+
+# Fake implementations: shapes only, for FakeTensor/meta tracing (compile, export). They
+# validate exactly like the real ones, so bad input fails at trace time with the same message.
+@gqa_expand.register_fake
+def _gqa_expand_fake(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
+    check_inputs("gqa_expand", ("k", "v"), k, v, num_kv_heads, num_heads)
+    batch, _, seq, _ = k.shape
+    return k.new_empty((batch, num_heads, seq, k.shape[3])), v.new_empty((batch, num_heads, seq, v.shape[3]))
+
+
+@gqa_reduce.register_fake
+def _gqa_reduce_fake(
+    grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: int
+) -> tuple[Tensor, Tensor]:
+    check_inputs("gqa_reduce", ("grad_k", "grad_v"), grad_k, grad_v, num_kv_heads, num_heads)
+    batch, _, seq, _ = grad_k.shape
+    return (
+        grad_k.new_empty((batch, num_kv_heads, seq, grad_k.shape[3])),
+        grad_v.new_empty((batch, num_kv_heads, seq, grad_v.shape[3])),
+    )
+
+
+# Autograd: each op's backward is the other op, so double backward, gradcheck and
+# gradgradcheck work to any order.
+def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple) -> None:
+    ctx.num_kv_heads, ctx.num_heads = inputs[2], inputs[3]
+    # Each output depends on one input only: it needs no grad_fn unless that input does.
+    ctx.mark_non_differentiable(*(out for out, needed in zip(output, ctx.needs_input_grad) if not needed))
+    # An output nobody used arrives as None instead of a materialised zero tensor.
+    ctx.set_materialize_grads(False)
+
+
+def _pair_or_empty(grad_a: Tensor | None, grad_b: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Stand in a zero-width slice for a missing gradient: it passes the checks and costs nothing."""
+    if grad_a is None:
+        assert grad_b is not None
+        grad_a = grad_b[..., :0]
+    if grad_b is None:
+        grad_b = grad_a[..., :0]
+    return grad_a, grad_b
+
+
+def _backward_through(
+    op: torch._library.custom_ops.CustomOpDef,
+    ctx: torch.autograd.function.FunctionCtx,
+    grad_a: Tensor | None,
+    grad_b: Tensor | None,
+) -> tuple[Tensor | None, Tensor | None, None, None]:
+    # Skip the work for an input that wants no gradient or an output nobody used.
+    if not ctx.needs_input_grad[0]:
+        grad_a = None
+    if not ctx.needs_input_grad[1]:
+        grad_b = None
+    if grad_a is None and grad_b is None:
+        return None, None, None, None
+    out_a, out_b = op(*_pair_or_empty(grad_a, grad_b), ctx.num_kv_heads, ctx.num_heads)
+    return (None if grad_a is None else out_a), (None if grad_b is None else out_b), None, None
+
+
+def _expand_backward(ctx, grad_k, grad_v):  # type: ignore[no-untyped-def]
+    return _backward_through(gqa_reduce, ctx, grad_k, grad_v)
+
+
+def _reduce_backward(ctx, grad_k, grad_v):  # type: ignore[no-untyped-def]
+    return _backward_through(gqa_expand, ctx, grad_k, grad_v)
+
+
+gqa_expand.register_autograd(_expand_backward, setup_context=_setup_context)
+gqa_reduce.register_autograd(_reduce_backward, setup_context=_setup_context)

@@ -1,0 +1,126 @@
+"""Bad input: always a clear ValueError/RuntimeError naming the argument, eager and compiled."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import neuralops_gqa
+from neuralops_gqa.ops import BACKEND_ENV
+
+EXPAND = torch.ops.neuralops.gqa_expand
+REDUCE = torch.ops.neuralops.gqa_reduce
+
+
+def _t(*shape: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.Tensor:
+    return torch.ones(shape, dtype=dtype, device=device)
+
+
+# (id, op, args builder, the words the message must contain)
+BAD: list[tuple[str, Any, Callable[[], tuple], str]] = [
+    ("not-multiple", EXPAND, lambda: (_t(1, 4, 2, 8), _t(1, 4, 2, 8), 4, 30), r"num_heads \(30\).*multiple.*num_kv_heads \(4\)"),
+    ("zero-kv-heads", EXPAND, lambda: (_t(1, 4, 2, 8), _t(1, 4, 2, 8), 0, 8), "num_kv_heads must be positive"),
+    ("negative-heads", EXPAND, lambda: (_t(1, 4, 2, 8), _t(1, 4, 2, 8), 4, -8), "num_heads must be positive"),
+    ("k-heads", EXPAND, lambda: (_t(1, 4, 2, 8), _t(1, 4, 2, 8), 2, 8), r"k.shape\[1\] \(4\) must equal num_kv_heads \(2\)"),
+    ("batch", EXPAND, lambda: (_t(1, 4, 2, 8), _t(2, 4, 2, 8), 4, 8), "k and v must agree in the batch"),
+    ("v-heads", EXPAND, lambda: (_t(1, 4, 2, 8), _t(1, 2, 2, 8), 4, 8), "k and v must agree in the head"),
+    ("seq", EXPAND, lambda: (_t(1, 4, 2, 8), _t(1, 4, 3, 8), 4, 8), "k and v must agree in the sequence"),
+    ("k-3d", EXPAND, lambda: (_t(4, 2, 8), _t(1, 4, 2, 8), 4, 8), r"k must be 4-D"),
+    ("v-5d", EXPAND, lambda: (_t(1, 4, 2, 8), _t(1, 1, 4, 2, 8), 4, 8), r"v must be 4-D"),
+    ("complex", EXPAND, lambda: (_t(1, 4, 2, 8, dtype=torch.complex64), _t(1, 4, 2, 8), 4, 8), "k must have a real dtype"),
+    ("devices", EXPAND, lambda: (_t(1, 4, 2, 8), _t(1, 4, 2, 8, device="meta"), 4, 8), "k and v must be on one device"),
+    ("grad-int", REDUCE, lambda: (_t(1, 8, 2, 8, dtype=torch.int32), _t(1, 8, 2, 8), 4, 8), "grad_k must be float16, bfloat16"),
+    ("grad-heads", REDUCE, lambda: (_t(1, 4, 2, 8), _t(1, 4, 2, 8), 4, 8), r"grad_k.shape\[1\] \(4\) must equal num_heads \(8\)"),
+    ("grad-seq", REDUCE, lambda: (_t(1, 8, 2, 8), _t(1, 8, 5, 8), 4, 8), "grad_k and grad_v must agree in the sequence"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("op", "make_args", "message"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_eager(backend: str, op: Any, make_args: Callable[[], tuple], message: str) -> None:
+    with pytest.raises((ValueError, RuntimeError), match=message):
+        op(*make_args())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("op", "make_args", "message"), [b[1:] for b in BAD[:4]], ids=[b[0] for b in BAD[:4]])
+def test_compiled(op: Any, make_args: Callable[[], tuple], message: str) -> None:
+    """The fake implementation checks the same things, so tracing fails with the same words."""
+    torch._dynamo.reset()
+    fn = torch.compile(lambda *a: op(*a), fullgraph=True, backend="eager")
+    with pytest.raises((ValueError, RuntimeError), match=message):
+        fn(*make_args())
+
+
+def test_non_tensor_arguments() -> None:
+    with pytest.raises((TypeError, RuntimeError), match="v"):
+        EXPAND(_t(1, 4, 2, 8), "v", 4, 8)
+    with pytest.raises((TypeError, RuntimeError), match="num_heads"):
+        EXPAND(_t(1, 4, 2, 8), _t(1, 4, 2, 8), 4, 8.5)
+
+
+def test_wrappers() -> None:
+    with pytest.raises(ValueError, match="n_rep must be a positive int"):
+        neuralops_gqa.repeat_kv(_t(1, 4, 2, 8), 0)
+    with pytest.raises(ValueError, match="hidden_states must be 4-D"):
+        neuralops_gqa.repeat_kv(_t(4, 2, 8), 2)
+    with pytest.raises(ValueError, match="k and v must agree"):
+        neuralops_gqa.gqa_expand(_t(1, 4, 2, 8), _t(1, 4, 3, 8), 4, 4)
+
+
+def test_backend_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(BACKEND_ENV, "cuda-please")
+    with pytest.raises(ValueError, match=f"{BACKEND_ENV} must be one of auto, triton, torch"):
+        EXPAND(_t(1, 1, 2, 8), _t(1, 1, 2, 8), 1, 2)
+
+
+def test_triton_on_cpu_needs_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(BACKEND_ENV, "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="needs TRITON_INTERPRET=1"):
+        EXPAND(_t(1, 1, 2, 8), _t(1, 1, 2, 8), 1, 2)
+
+
+@st.composite
+def _bad_calls(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """Mostly-valid calls with one thing broken (or several)."""
+    rank_k = draw(st.sampled_from([4, 4, 4, 2, 3, 5]))
+    rank_v = draw(st.sampled_from([4, 4, 4, 3, 5]))
+    kv = draw(st.integers(-2, 5))
+    heads = draw(st.integers(-4, 20))
+    shape = [draw(st.integers(0, 3)), draw(st.integers(1, 5)), draw(st.integers(0, 4)), draw(st.integers(1, 8))]
+    shape_v = list(shape)
+    if draw(st.booleans()):
+        shape_v[draw(st.integers(0, 2))] += draw(st.integers(1, 2))
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.complex64, torch.int16, torch.bool]))
+    k = torch.zeros((shape + [1] * 4)[:rank_k], dtype=dtype)
+    v = torch.zeros((shape_v + [1] * 4)[:rank_v])
+    return k, v, kv, heads
+
+
+def _is_valid(k: torch.Tensor, v: torch.Tensor, kv: int, heads: int) -> bool:
+    return (
+        k.dim() == 4
+        and v.dim() == 4
+        and not k.dtype.is_complex
+        and kv > 0
+        and heads > 0
+        and heads % kv == 0
+        and k.shape[1] == kv
+        and k.shape[:3] == v.shape[:3]
+    )
+
+
+@given(call=_bad_calls())
+def test_fuzz_bad_inputs(backend: str, call: tuple[torch.Tensor, torch.Tensor, int, int]) -> None:
+    """Every call either succeeds with the right shape or raises a clear error; nothing else."""
+    k, v, kv, heads = call
+    if _is_valid(k, v, kv, heads):
+        k_out, v_out = EXPAND(k, v, kv, heads)
+        assert k_out.shape == (k.shape[0], heads, k.shape[2], k.shape[3])
+        return
+    with pytest.raises((ValueError, RuntimeError), match="gqa_expand: (k|v|num_heads|num_kv_heads)"):
+        EXPAND(k, v, kv, heads)

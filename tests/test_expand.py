@@ -1,0 +1,139 @@
+"""Forward: ``gqa_expand`` is a bit-exact copy in interleave order, on every backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+
+import neuralops_gqa
+from helpers import (
+    FORWARD_DTYPES,
+    LAYOUTS,
+    assert_bitwise_equal,
+    case_id,
+    expand_oracle,
+    make_tensor,
+    short,
+)
+from strategies import Case, cases
+
+SHAPES = [
+    # (B, H_kv, n_rep, N, D)
+    (2, 4, 8, 33, 80),
+    (1, 8, 4, 17, 128),
+    (2, 1, 7, 9, 64),  # MQA
+    (3, 2, 1, 5, 96),  # n_rep == 1 still copies
+    (1, 2, 3, 4, 1),
+    (2, 3, 2, 6, 192),
+    (1, 1, 2, 3, 256),
+]
+
+
+def _expand(k: torch.Tensor, v: torch.Tensor, n_rep: int) -> tuple[torch.Tensor, torch.Tensor]:
+    kv = k.shape[1]
+    return torch.ops.neuralops.gqa_expand(k, v, kv, kv * n_rep)
+
+
+def _check(k: torch.Tensor, v: torch.Tensor, n_rep: int) -> None:
+    k_out, v_out = _expand(k, v, n_rep)
+    for out, x in ((k_out, k), (v_out, v)):
+        assert out.is_contiguous()
+        assert out.device == x.device
+        assert_bitwise_equal(out, expand_oracle(x, n_rep))
+        if x.numel():
+            assert out.data_ptr() != x.data_ptr()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: case_id(*s, torch.bfloat16, "")[:-6])
+def test_layouts_bf16(backend: str, device: str, shape: tuple[int, ...], layout: str) -> None:
+    b, kv, rep, n, d = shape
+    k = make_tensor((b, kv, n, d), torch.bfloat16, layout, device, seed=1)
+    v = make_tensor((b, kv, n, d + 16), torch.bfloat16, "bnhd", device, seed=2)
+    _check(k, v, rep)
+
+
+@pytest.mark.parametrize("dtype", FORWARD_DTYPES, ids=short)
+def test_every_dtype(backend: str, device: str, dtype: torch.dtype) -> None:
+    k = make_tensor((2, 2, 7, 24), dtype, "contiguous", device, seed=3)
+    v = make_tensor((2, 2, 7, 40), dtype, "offset", device, seed=4)
+    _check(k, v, 3)
+
+
+def test_mixed_dtypes_and_head_dims(backend: str, device: str) -> None:
+    k = make_tensor((2, 2, 5, 64), torch.bfloat16, "contiguous", device, seed=5)
+    v = make_tensor((2, 2, 5, 80), torch.float32, "bnhd", device, seed=6)
+    _check(k, v, 4)
+
+
+@pytest.mark.parametrize("empty", ["B0", "N0", "D0", "Dk0"])
+def test_empty(backend: str, device: str, empty: str) -> None:
+    shape = {"B0": (0, 2, 5, 8), "N0": (2, 2, 0, 8), "D0": (2, 2, 5, 0), "Dk0": (2, 2, 5, 0)}[empty]
+    k = make_tensor(shape, torch.float32, "contiguous", device)
+    v = k if empty != "Dk0" else make_tensor((2, 2, 5, 8), torch.float32, "contiguous", device)
+    k_out, v_out = _expand(k, v, 4)
+    assert k_out.shape == (shape[0], 8, shape[2], shape[3])
+    assert_bitwise_equal(v_out, expand_oracle(v, 4))
+
+
+def test_special_values_bit_exact(backend: str, device: str) -> None:
+    """NaN payloads, infinities, negative zero and subnormals survive the copy bit for bit."""
+    bits32 = torch.tensor(
+        [0x7FC00001, 0x7FA00000, -1, 0x7F800000, -(2**31) + 0x7F800000, -(2**31), 1, 0x00400000],
+        dtype=torch.int32,
+    )
+    bits16 = torch.tensor([0x7FC1, 0x7F81, -1, 0x7F80, -128, -32768, 1, 0x0040], dtype=torch.int16)
+    cases_ = [
+        bits32.view(torch.float32),
+        bits16.view(torch.bfloat16),
+        bits16.view(torch.float16),
+        torch.tensor([0x7F, 0xFF, 0x80, 0x01], dtype=torch.uint8).view(torch.float8_e4m3fn),
+    ]
+    for values in cases_:
+        x = values.reshape(1, 1, 1, -1).expand(2, 2, 3, -1).to(device)
+        _check(x, x, 5)
+
+
+def test_n_rep_one_returns_copies_from_op(backend: str, device: str) -> None:
+    k = make_tensor((1, 4, 3, 8), torch.float32, "contiguous", device)
+    k_out, v_out = torch.ops.neuralops.gqa_expand(k, k, 4, 4)
+    assert k_out.data_ptr() != k.data_ptr() and v_out.data_ptr() != k.data_ptr()
+    assert_bitwise_equal(k_out, k)
+
+
+def test_python_wrappers(backend: str, device: str) -> None:
+    k = make_tensor((2, 2, 6, 16), torch.float16, "bnhd", device, seed=7)
+    v = make_tensor((2, 2, 6, 8), torch.float16, "contiguous", device, seed=8)
+    k_out, v_out = neuralops_gqa.gqa_expand(k, v, 2, 6)
+    assert_bitwise_equal(k_out, expand_oracle(k, 3))
+    assert_bitwise_equal(v_out, expand_oracle(v, 3))
+    assert_bitwise_equal(neuralops_gqa.repeat_kv(k, 5), expand_oracle(k, 5))
+    # Like Hugging Face's repeat_kv, no expansion means the inputs themselves.
+    assert neuralops_gqa.repeat_kv(k, 1) is k
+    same_k, same_v = neuralops_gqa.gqa_expand(k, v, 2, 2)
+    assert same_k is k and same_v is v
+
+
+def test_meta_and_fake_tensors() -> None:
+    k = torch.empty(3, 2, 7, 80, device="meta").transpose(1, 2).transpose(1, 2)
+    v = torch.empty(3, 7, 2, 64, device="meta", dtype=torch.bfloat16).transpose(1, 2)
+    k_out, v_out = torch.ops.neuralops.gqa_expand(k, v, 2, 8)
+    assert k_out.device.type == "meta" and v_out.dtype == torch.bfloat16
+    assert k_out.shape == (3, 8, 7, 80) and v_out.shape == (3, 8, 7, 64)
+    assert k_out.is_contiguous() and v_out.is_contiguous()
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        g = torch.empty(3, 8, 7, 80)
+        gk, gv = torch.ops.neuralops.gqa_reduce(g, g, 2, 8)
+        assert gk.shape == (3, 2, 7, 80) and gk.is_contiguous()
+
+
+@given(case=cases())
+def test_fuzz_forward(backend: str, device: str, case: Case) -> None:
+    k = make_tensor((case.batch, case.kv_heads, case.seq, case.dim_k), case.dtype_k, case.layout_k, device, case.seed)
+    v = make_tensor(
+        (case.batch, case.kv_heads, case.seq, case.dim_v), case.dtype_v, case.layout_v, device, case.seed + 1
+    )
+    _check(k, v, case.n_rep)

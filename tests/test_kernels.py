@@ -1,0 +1,78 @@
+"""The Triton launchers' own decisions: layouts, 64-bit offsets, grid sizes, no empty launches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import assert_bitwise_equal, expand_oracle, make_tensor
+
+gqa_triton = pytest.importorskip("csrc_free_ops.gqa_triton", reason="triton is not installed")
+
+
+def test_layout_folds_packed_rows() -> None:
+    # Packed heads fold (N, D) into one run; a transposed [B, N, H, D] view stays 2-D.
+    assert gqa_triton._layout((2, 4, 16, 80), (5120, 1280, 80, 1)) == (1, 1280, 5120, 1280, 0, 1)
+    assert gqa_triton._layout((2, 4, 16, 80), (5120, 80, 320, 1)) == (16, 80, 5120, 80, 320, 1)
+    assert gqa_triton._layout((2, 4, 16, 1), (64, 16, 1, 7)) == (1, 16, 64, 16, 0, 1)
+
+
+def test_index_64_chosen_only_past_int32() -> None:
+    small = gqa_triton._expand_plan((4, 8, 4096, 128), (4 * 2**20, 2**19, 128, 1), 2,
+                                    (4, 8, 4096, 128), (4 * 2**20, 2**19, 128, 1), 2, 4)  # fmt: skip
+    # B=8, 8 -> 64 heads, N=32768, D=128: 2^31 output elements per tensor.
+    big_shape, big_stride = (8, 8, 32768, 128), (2**25, 2**22, 128, 1)
+    big = gqa_triton._expand_plan(big_shape, big_stride, 2, big_shape, big_stride, 2, 8)
+    assert small is not None and big is not None
+    assert small[2]["INDEX_64"] is False
+    assert big[2]["INDEX_64"] is True
+    # A small tensor whose batch stride reaches past 2^31 (a view into a huge buffer).
+    far = gqa_triton._expand_plan((2, 1, 4, 8), (2**31, 32, 8, 1), 2, (2, 1, 4, 8), (32, 32, 8, 1), 2, 2)
+    assert far is not None and far[2]["INDEX_64"] is True
+    # The reduction's gradient: 8 x 64 x 32768 x 128 reaches exactly 2^31 - 1, the
+    # largest int32 offset; one more batch row goes past it.
+    edge = ((8, 64, 32768, 128), (2**28, 2**22, 128, 1), torch.bfloat16)
+    past = ((9, 64, 32768, 128), (2**28, 2**22, 128, 1), torch.bfloat16)
+    edge_plan = gqa_triton._reduce_plan(*edge, *edge, 8)
+    past_plan = gqa_triton._reduce_plan(*past, *past, 8)
+    assert edge_plan is not None and edge_plan[2]["INDEX_64"] is False
+    assert past_plan is not None and past_plan[2]["INDEX_64"] is True
+
+
+def test_empty_plans_launch_nothing() -> None:
+    assert gqa_triton._expand_plan((0, 2, 5, 8), (80, 40, 8, 1), 4, (0, 2, 5, 8), (80, 40, 8, 1), 4, 3) is None
+    assert gqa_triton._reduce_plan((2, 6, 0, 8), (0, 0, 8, 1), torch.float32,
+                                   (2, 6, 0, 8), (0, 0, 8, 1), torch.float32, 3) is None  # fmt: skip
+
+
+def test_grid_covers_both_tensors() -> None:
+    plan = gqa_triton._expand_plan((2, 2, 8, 16), (256, 128, 16, 1), 4, (2, 2, 8, 0), (0, 0, 0, 1), 4, 3)
+    assert plan is not None
+    grid, args, meta = plan
+    k_programs = args[-1]
+    assert grid == (k_programs,)  # v has no elements: no programs for it
+
+
+@pytest.mark.parametrize("index_64", [False, True])
+def test_int64_offset_path_matches(device: str, index_64: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the kernel with 64-bit offsets forced on a small input: same bits as the 32-bit path."""
+    if device == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    k = make_tensor((2, 3, 10, 24), torch.bfloat16, "bnhd", device, seed=1)
+    v = make_tensor((2, 3, 10, 40), torch.float32, "offset", device, seed=2)
+    plan = gqa_triton._expand_plan(k.shape, k.stride(), 2, v.shape, v.stride(), 4, 5)
+    assert plan is not None
+    grid, args, meta = plan
+    k_out = torch.empty(2, 15, 10, 24, dtype=k.dtype, device=device)
+    v_out = torch.empty(2, 15, 10, 40, dtype=v.dtype, device=device)
+    gqa_triton.expand_fwd_kernel[grid](k, v, k_out, v_out, *args, **{**meta, "INDEX_64": index_64})
+    assert_bitwise_equal(k_out, expand_oracle(k, 5))
+    assert_bitwise_equal(v_out, expand_oracle(v, 5))
+    g = make_tensor((2, 15, 10, 24), torch.float32, "bnhd", device, seed=3)
+    rplan = gqa_triton._reduce_plan(g.shape, g.stride(), g.dtype, g.shape, g.stride(), g.dtype, 5)
+    assert rplan is not None
+    rgrid, rargs, rmeta = rplan
+    outs = [torch.empty(2, 3, 10, 24, device=device) for _ in range(2)]
+    gqa_triton.reduce_bwd_kernel[rgrid](g, g, *outs, *rargs, **{**rmeta, "INDEX_64": index_64})
+    ref = g.double().unflatten(1, (3, 5)).sum(2)
+    torch.testing.assert_close(outs[0].double(), ref, rtol=1e-6, atol=1e-5)

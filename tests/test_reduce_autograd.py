@@ -1,0 +1,135 @@
+"""Backward: ``gqa_reduce`` sums each group in float32 (or wider); autograd to any order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+
+from helpers import GRAD_DTYPES, LAYOUTS, assert_reduce_close, make_tensor, short
+from strategies import Case, grad_cases
+
+
+def _reduce(gk: torch.Tensor, gv: torch.Tensor, n_rep: int) -> tuple[torch.Tensor, torch.Tensor]:
+    heads = gk.shape[1]
+    return torch.ops.neuralops.gqa_reduce(gk, gv, heads // n_rep, heads)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=short)
+def test_reduce_layouts(backend: str, device: str, dtype: torch.dtype, layout: str) -> None:
+    gk = make_tensor((2, 12, 9, 80), dtype, layout, device, seed=1)
+    gv = make_tensor((2, 12, 9, 24), dtype, "bnhd", device, seed=2)
+    out_k, out_v = _reduce(gk, gv, 4)
+    assert_reduce_close(out_k, gk, 3)
+    assert_reduce_close(out_v, gv, 3)
+
+
+@pytest.mark.parametrize("n_rep", [1, 2, 7, 40])
+def test_reduce_group_sizes(backend: str, device: str, n_rep: int) -> None:
+    """Large groups take the kernel's rolled loop; n_rep == 1 is a plain copy."""
+    gk = make_tensor((1, 2 * n_rep, 5, 33), torch.float32, "contiguous", device, seed=n_rep)
+    out_k, out_v = _reduce(gk, gk, n_rep)
+    assert_reduce_close(out_k, gk, 2)
+    assert out_k.data_ptr() != out_v.data_ptr()
+
+
+def test_reduce_mixed_dtypes_and_empty(backend: str, device: str) -> None:
+    gk = make_tensor((2, 4, 5, 16), torch.bfloat16, "contiguous", device, seed=3)
+    gv = make_tensor((2, 4, 5, 0), torch.float64, "contiguous", device)
+    out_k, out_v = _reduce(gk, gv, 2)
+    assert_reduce_close(out_k, gk, 2)
+    assert out_v.shape == (2, 2, 5, 0) and out_v.dtype == torch.float64
+
+
+def test_reduce_propagates_nan(backend: str, device: str) -> None:
+    g = make_tensor((1, 4, 3, 8), torch.float32, "contiguous", device, seed=4)
+    g[0, 1, 2, 5] = float("nan")
+    g[0, 2, 0, 0] = float("inf")
+    out, _ = _reduce(g, g, 2)
+    assert torch.isnan(out[0, 0, 2, 5]) and torch.isinf(out[0, 1, 0, 0])
+    assert torch.isfinite(out).sum() == out.numel() - 2
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "bnhd"])
+def test_gradcheck_and_gradgradcheck(backend: str, device: str, layout: str) -> None:
+    k = make_tensor((2, 2, 3, 5), torch.float64, layout, device, seed=5).requires_grad_()
+    v = make_tensor((2, 2, 3, 4), torch.float64, "offset", device, seed=6).detach().requires_grad_()
+
+    def fn(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.ops.neuralops.gqa_expand(k, v, 2, 6)
+
+    # fast_mode projects the Jacobian on random vectors: a few calls instead of one per
+    # element, which keeps the Triton interpreter quick; it still fails on a wrong formula.
+    assert torch.autograd.gradcheck(fn, (k, v), fast_mode=True)
+    assert torch.autograd.gradgradcheck(fn, (k, v), fast_mode=True)
+
+    def reduce_fn(gk: torch.Tensor, gv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.ops.neuralops.gqa_reduce(gk, gv, 2, 6)
+
+    gk = make_tensor((2, 6, 3, 5), torch.float64, layout, device, seed=7).requires_grad_()
+    gv = make_tensor((2, 6, 3, 4), torch.float64, "contiguous", device, seed=8).requires_grad_()
+    assert torch.autograd.gradcheck(reduce_fn, (gk, gv), fast_mode=True)
+    assert torch.autograd.gradgradcheck(reduce_fn, (gk, gv), fast_mode=True)
+
+
+@pytest.mark.parametrize("used", ["k", "v", "both"])
+def test_backward_non_contiguous_grads_and_unused_outputs(backend: str, device: str, used: str) -> None:
+    k = make_tensor((2, 2, 6, 16), torch.float32, "bnhd", device, seed=9).requires_grad_()
+    v = make_tensor((2, 2, 6, 8), torch.float32, "contiguous", device, seed=10).requires_grad_()
+    k_out, v_out = torch.ops.neuralops.gqa_expand(k, v, 2, 8)
+    # Gradients arrive transposed (from a [B, N, H, D] consumer).
+    gk = make_tensor((2, 8, 6, 16), torch.float32, "bnhd", device, seed=11)
+    gv = make_tensor((2, 8, 6, 8), torch.float32, "permuted", device, seed=12)
+    outs, grads = [], []
+    if used in ("k", "both"):
+        outs.append(k_out)
+        grads.append(gk)
+    if used in ("v", "both"):
+        outs.append(v_out)
+        grads.append(gv)
+    torch.autograd.backward(outs, grads)
+    if used in ("k", "both"):
+        assert_reduce_close(k.grad, gk, 2, op_output=False)
+    else:
+        assert k.grad is None
+    if used in ("v", "both"):
+        assert_reduce_close(v.grad, gv, 2, op_output=False)
+    else:
+        assert v.grad is None
+
+
+def test_backward_only_one_input_requires_grad(backend: str, device: str) -> None:
+    k = make_tensor((1, 2, 4, 8), torch.bfloat16, "contiguous", device, seed=13)
+    v = make_tensor((1, 2, 4, 8), torch.bfloat16, "contiguous", device, seed=14).requires_grad_()
+    k_out, v_out = torch.ops.neuralops.gqa_expand(k, v, 2, 4)
+    assert not k_out.requires_grad and v_out.requires_grad
+    g = make_tensor((1, 4, 4, 8), torch.bfloat16, "contiguous", device, seed=15)
+    (v_out * g).sum().backward()
+    assert_reduce_close(v.grad, g, 2, op_output=False)
+
+
+def test_double_backward_matches_repeat_interleave(backend: str, device: str) -> None:
+    k = make_tensor((2, 2, 3, 4), torch.float64, "contiguous", device, seed=16).requires_grad_()
+    v = make_tensor((2, 2, 3, 4), torch.float64, "contiguous", device, seed=17).requires_grad_()
+
+    def loss(expand: object) -> tuple[torch.Tensor, ...]:
+        ko, vo = expand(k, v)  # type: ignore[operator]
+        first = (ko.sin() * vo).sum()
+        gk, gv = torch.autograd.grad(first, (k, v), create_graph=True)
+        return torch.autograd.grad((gk**2).sum() + (gv**3).sum(), (k, v))
+
+    ours = loss(lambda k, v: torch.ops.neuralops.gqa_expand(k, v, 2, 6))
+    ref = loss(lambda k, v: (k.repeat_interleave(3, 1), v.repeat_interleave(3, 1)))
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@given(case=grad_cases())
+def test_fuzz_reduce(backend: str, device: str, case: Case) -> None:
+    heads = case.num_heads
+    gk = make_tensor((case.batch, heads, case.seq, case.dim_k), case.dtype_k, case.layout_k, device, case.seed)
+    gv = make_tensor((case.batch, heads, case.seq, case.dim_v), case.dtype_v, case.layout_v, device, case.seed + 1)
+    out_k, out_v = _reduce(gk, gv, case.n_rep)
+    assert_reduce_close(out_k, gk, case.kv_heads)
+    assert_reduce_close(out_v, gv, case.kv_heads)
