@@ -28,7 +28,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from csrc_free_ops.launch_settings import MAX_UNROLLED_REPS, Tiling, expand_tiling, reduce_tiling, rep_split
+from csrc_free_ops import launch_settings
+from csrc_free_ops.launch_settings import Tiling, expand_tiling, reduce_tiling, rep_split
 
 _INT32_LIMIT = 2**31 - 1
 
@@ -63,17 +64,28 @@ def _expand_tile(
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
     INDEX_64: tl.constexpr,
+    REP_MAJOR: tl.constexpr,
+    STORE_POLICY: tl.constexpr,
 ):
     if INDEX_64:
         t = t.to(tl.int64)
-    # Consecutive programs take the rep chunks of one tile, then the next tile of the
-    # same head: the tile is re-read from L2, not HBM, when reps are split.
-    chunk = t % rep_chunks
-    t = t // rep_chunks
-    tc = t % tiles_c
-    t = t // tiles_c
-    tr = t % tiles_r
-    bh = t // tiles_r
+    if REP_MAJOR:
+        # Consecutive programs write consecutive output: one rep chunk of a head, tile by
+        # tile; the head's input is re-read from L2 for each chunk.
+        tc = t % tiles_c
+        t = t // tiles_c
+        tr = t % tiles_r
+        t = t // tiles_r
+        chunk = t % rep_chunks
+        bh = t // rep_chunks
+    else:
+        # Consecutive programs take the rep chunks of one tile, then the next tile.
+        chunk = t % rep_chunks
+        t = t // rep_chunks
+        tc = t % tiles_c
+        t = t // tiles_c
+        tr = t % tiles_r
+        bh = t // tiles_r
     b = bh // kv_heads
     h = bh % kv_heads
     offs_r = tr * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -86,7 +98,7 @@ def _expand_tile(
     first = chunk * reps_per_program
     last = tl.minimum(first + reps_per_program, n_rep)
     for r in range(first, last):
-        tl.store(dst + (bh * n_rep + r) * head_elems + dst_offs, tile, mask=mask)
+        tl.store(dst + (bh * n_rep + r) * head_elems + dst_offs, tile, mask=mask, eviction_policy=STORE_POLICY)
 
 
 @triton.jit
@@ -121,16 +133,18 @@ def expand_fwd_kernel(
     V_BLOCK_R: tl.constexpr,
     V_BLOCK_C: tl.constexpr,
     INDEX_64: tl.constexpr,
+    REP_MAJOR: tl.constexpr,
+    STORE_POLICY: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid < k_programs:
         _expand_tile(k, k_out, pid, n_rep, kv_heads, k_rows, k_cols, k_sb, k_sh, k_sr, k_sc,
                      k_tiles_r, k_tiles_c, rep_chunks, reps_per_program,
-                     K_BLOCK_R, K_BLOCK_C, INDEX_64)  # fmt: skip
+                     K_BLOCK_R, K_BLOCK_C, INDEX_64, REP_MAJOR, STORE_POLICY)  # fmt: skip
     else:
         _expand_tile(v, v_out, pid - k_programs, n_rep, kv_heads, v_rows, v_cols, v_sb, v_sh,
                      v_sr, v_sc, v_tiles_r, v_tiles_c, rep_chunks, reps_per_program,
-                     V_BLOCK_R, V_BLOCK_C, INDEX_64)  # fmt: skip
+                     V_BLOCK_R, V_BLOCK_C, INDEX_64, REP_MAJOR, STORE_POLICY)  # fmt: skip
 
 
 @triton.jit
@@ -167,14 +181,14 @@ def _reduce_tile(
     mask = (offs_r < rows)[:, None] & (offs_c < cols)[None, :]
     group = src + b * s_b + (j * N_REP) * s_h + offs_r[:, None] * s_r + offs_c[None, :] * s_c
     acc = tl.zeros((BLOCK_R, BLOCK_C), dtype=ACC_DTYPE)
-    # N_REP is a compile-time constant: the loop unrolls, so all the group's loads can be
-    # in flight together, and the summation order is fixed (head 0, 1, ..., n_rep - 1).
-    if UNROLL:
-        for r in tl.static_range(N_REP):
-            acc += tl.load(group + r * s_h, mask=mask).to(ACC_DTYPE)
-    else:
-        for r in range(N_REP):
-            acc += tl.load(group + r * s_h, mask=mask).to(ACC_DTYPE)
+    # UNROLL loads are unrolled per step so they are in flight together; the summation
+    # order is fixed (head 0, 1, ..., n_rep - 1) whatever UNROLL is.
+    for r0 in range(0, N_REP - N_REP % UNROLL, UNROLL):
+        for u in tl.static_range(UNROLL):
+            acc += tl.load(group + (r0 + u) * s_h, mask=mask, eviction_policy="evict_first").to(ACC_DTYPE)
+    for u in tl.static_range(N_REP % UNROLL):
+        r = N_REP - N_REP % UNROLL + u
+        acc += tl.load(group + r * s_h, mask=mask, eviction_policy="evict_first").to(ACC_DTYPE)
     dst_offs = bh * (rows * cols) + offs_r[:, None] * cols + offs_c[None, :]
     tl.store(dst + dst_offs, acc.to(dst.dtype.element_ty), mask=mask)
 
@@ -290,6 +304,8 @@ def _expand_plan(
     if programs == [0, 0]:
         return None
     rep_chunks, reps_per_program = rep_split(sum(programs), n_rep)
+    meta["REP_MAJOR"] = launch_settings.REP_MAJOR
+    meta["STORE_POLICY"] = launch_settings.STORE_POLICY
     k_programs, v_programs = (p * rep_chunks for p in programs)
     args += [rep_chunks, reps_per_program, k_programs]
     out_heads = kv_heads * n_rep
@@ -329,7 +345,7 @@ def _reduce_plan(
     batch, kv_heads = k_shape[0], k_shape[1] // n_rep
     heads = batch * kv_heads
     args: list[int] = [kv_heads]
-    meta: dict[str, object] = {"N_REP": n_rep, "UNROLL": n_rep <= MAX_UNROLLED_REPS}
+    meta: dict[str, object] = {"N_REP": n_rep, "UNROLL": min(n_rep, launch_settings.REDUCE_UNROLL)}
     programs = []
     tilings = []
     for name, shape, stride, dtype in (("K", k_shape, k_stride, k_dtype), ("V", v_shape, v_stride, v_dtype)):

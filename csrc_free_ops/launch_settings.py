@@ -25,9 +25,13 @@ MIN_TILE_BYTES = 2048
 # vectors we want each thread to keep in flight.
 BYTES_PER_WARP = 32 * 16 * 4
 MAX_WARPS = 8
-# The reduction unrolls its loop over the group up to this many heads; above, the loop
-# stays rolled so compile time and code size stay bounded.
-MAX_UNROLLED_REPS = 32
+# The reduction issues this many of a group's loads together per loop step.
+REDUCE_UNROLL = 8
+# Expansion program order: True walks the output linearly (each program one rep chunk of
+# one tile, the input re-read from L2); False stores each tile's reps from one program.
+REP_MAJOR = False
+# Cache hint for the expansion's stores ("" or "evict_first": the output is streamed).
+STORE_POLICY = ""
 
 
 class Tiling(NamedTuple):
@@ -62,6 +66,8 @@ def rep_split(programs: int, n_rep: int) -> tuple[int, int]:
     When the tiles alone give fewer than ``TARGET_PROGRAMS`` programs (MQA, short
     sequences), each tile's copies are split over several programs.
     """
+    if REP_MAJOR:
+        return n_rep, 1
     chunks = min(n_rep, max(1, triton.cdiv(TARGET_PROGRAMS, max(programs, 1))))
     reps_per_program = triton.cdiv(n_rep, chunks)
     return triton.cdiv(n_rep, reps_per_program), reps_per_program

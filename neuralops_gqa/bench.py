@@ -107,11 +107,11 @@ def make_inputs(shape: Shape, dtype: torch.dtype, device: str, requires_grad: bo
     return one(), one()
 
 
-def _median_ms(fn: Fn, device: str) -> float:
+def _median_ms(fn: Fn, device: str, rep_ms: int = 100) -> float:
     if device == "cuda":
         import triton.testing
 
-        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
     fn()
     times = []
     deadline = time.perf_counter() + 0.5
@@ -167,6 +167,30 @@ def host_overhead_us(shape: Shape, dtype: torch.dtype, device: str, calls: int =
         from csrc_free_ops import gqa_triton
 
         candidates.append(("launcher_only", lambda: gqa_triton.expand_forward(k, v, n_rep)))
+        plan = gqa_triton._expand_plan(k.shape, k.stride(), k.element_size(), v.shape, v.stride(),
+                                       v.element_size(), n_rep)  # fmt: skip
+        assert plan is not None
+        grid, args, meta = plan
+        ko, vo = _ours_pair(k, v, n_rep)
+        candidates.append(("triton_jit_launch", lambda: gqa_triton.expand_fwd_kernel[grid](k, v, ko, vo, *args, **meta)))
+        compiled = gqa_triton.expand_fwd_kernel[grid](k, v, ko, vo, *args, **meta)
+        try:
+            import triton
+
+            dev = torch.cuda.current_device()
+            full = (k, v, ko, vo, *args, *[meta[n] for n in ("K_BLOCK_R", "K_BLOCK_C", "V_BLOCK_R", "V_BLOCK_C",
+                                                             "INDEX_64", "REP_MAJOR", "STORE_POLICY")])  # fmt: skip
+            get_stream = triton.runtime.driver.active.get_current_stream
+
+            def direct() -> None:
+                compiled.run(grid[0], 1, 1, get_stream(dev), compiled.function, compiled.packed_metadata,
+                             None, None, None, *full)  # fmt: skip
+
+            direct()
+            torch.cuda.synchronize()
+            candidates.append(("compiled_run_direct", direct))
+        except Exception as exc:  # diagnostic only
+            print(f"direct launch probe failed: {exc!r}", file=sys.stderr)
     for name, fn in candidates:
         for _ in range(50):
             fn()
@@ -356,45 +380,75 @@ def print_table(report: dict) -> None:
     print(to_markdown(report))
 
 
-SWEEP_TILE_BYTES = (4096, 8192, 16384, 32768)
-SWEEP_BYTES_PER_WARP = (1024, 2048, 4096)
-SWEEP_TARGET_PROGRAMS = (264, 528, 1056, 2112)
+SWEEP_TILE_BYTES = (4096, 8192, 16384)
+SWEEP_BYTES_PER_WARP = (1024, 2048)
+SWEEP_TARGET_PROGRAMS = (528, 2112)
+SWEEP_FORWARD = {"REP_MAJOR": (False, True), "STORE_POLICY": ("", "evict_first")}
+SWEEP_BACKWARD = {"REDUCE_UNROLL": (4, 8, 16)}
+
+
+def write_ceiling_gbs() -> float:
+    """GB/s of filling 1 GiB: the bandwidth of a write-only stream."""
+    dst = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    return 2**30 / _median_ms(lambda: dst.fill_(7), "cuda") / 1e6
 
 
 def sweep(shapes: list[Shape], dtype: torch.dtype) -> dict:
-    """Time every launch-settings candidate on every shape, forward and backward (CUDA only)."""
+    """Time every launch-settings candidate on every shape, forward and backward (CUDA only).
+
+    Each candidate's output is checked against ``repeat_interleave`` once, so a fast wrong
+    variant can't win.
+    """
     import itertools
 
     from csrc_free_ops import gqa_triton, launch_settings
 
-    saved = {n: getattr(launch_settings, n) for n in ("TILE_BYTES", "BYTES_PER_WARP", "TARGET_PROGRAMS")}
-    combos = list(itertools.product(SWEEP_TILE_BYTES, SWEEP_BYTES_PER_WARP, SWEEP_TARGET_PROGRAMS))
-    progress = Progress(len(combos))
+    base = {"TILE_BYTES": SWEEP_TILE_BYTES, "BYTES_PER_WARP": SWEEP_BYTES_PER_WARP,
+            "TARGET_PROGRAMS": SWEEP_TARGET_PROGRAMS}  # fmt: skip
+    grids = {"forward": {**base, **SWEEP_FORWARD}, "backward": {**base, **SWEEP_BACKWARD}}
+    names = {n for g in grids.values() for n in g}
+    saved = {n: getattr(launch_settings, n) for n in names}
+    total = sum(len(list(itertools.product(*g.values()))) for g in grids.values())
+    progress = Progress(total)
     rows = []
     inputs = {s.name: make_inputs(s, dtype, "cuda") for s in shapes}
-    grads = {
-        s.name: [torch.randn(s.batch, s.heads, s.seq, s.dim, device="cuda", dtype=dtype) for _ in range(2)]
-        for s in shapes
-    }
+    grads = {s.name: make_inputs(Shape(s.name, s.batch, s.heads, s.heads, s.seq, s.dim), dtype, "cuda") for s in shapes}
     try:
-        for tile, bpw, target in combos:
-            launch_settings.TILE_BYTES, launch_settings.BYTES_PER_WARP, launch_settings.TARGET_PROGRAMS = tile, bpw, target
-            gqa_triton._expand_plan.cache_clear()
-            gqa_triton._reduce_plan.cache_clear()
-            for s in shapes:
-                k, v = inputs[s.name]
-                gk, gv = grads[s.name]
-                fwd = _median_ms(lambda: gqa_triton.expand_forward(k, v, s.n_rep), "cuda")
-                bwd = _median_ms(lambda: gqa_triton.reduce_backward(gk, gv, s.n_rep), "cuda")
-                rows.append({"shape": s.name, "tile_bytes": tile, "bytes_per_warp": bpw,
-                             "target_programs": target, "fwd_ms": fwd, "bwd_ms": bwd})  # fmt: skip
-            progress.step(f"tile {tile} bpw {bpw} target {target}")
+        for direction, grid in grids.items():
+            for values in itertools.product(*grid.values()):
+                setting = dict(zip(grid, values))
+                for n, val in setting.items():
+                    setattr(launch_settings, n, val)
+                gqa_triton._expand_plan.cache_clear()
+                gqa_triton._reduce_plan.cache_clear()
+                for s in shapes:
+                    if direction == "forward":
+                        k, v = inputs[s.name]
+                        out = gqa_triton.expand_forward(k, v, s.n_rep)
+                        ok = torch.equal(out[1], v.repeat_interleave(s.n_rep, 1))
+                        ms = _median_ms(lambda: gqa_triton.expand_forward(k, v, s.n_rep), "cuda", rep_ms=40)
+                    else:
+                        gk, gv = grads[s.name]
+                        out = gqa_triton.reduce_backward(gk, gv, s.n_rep)
+                        ref = gv.float().unflatten(1, (s.kv_heads, s.n_rep)).sum(2)
+                        ok = torch.allclose(out[1].float(), ref, rtol=1e-2, atol=1e-2)
+                        ms = _median_ms(lambda: gqa_triton.reduce_backward(gk, gv, s.n_rep), "cuda", rep_ms=40)
+                    rows.append({"direction": direction, "shape": s.name, **setting, "ms": ms, "correct": ok})
+                    del out
+                progress.step(f"{direction} {values}")
+                for n, val in saved.items():
+                    setattr(launch_settings, n, val)
     finally:
         for n, val in saved.items():
             setattr(launch_settings, n, val)
         gqa_triton._expand_plan.cache_clear()
         gqa_triton._reduce_plan.cache_clear()
-    return {"machine": machine_info("cuda"), "ceiling_gbs": copy_ceiling_gbs("cuda"), "rows": rows}
+    return {
+        "machine": machine_info("cuda"),
+        "ceiling_gbs": copy_ceiling_gbs("cuda"),
+        "write_ceiling_gbs": write_ceiling_gbs(),
+        "rows": rows,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,14 +35,35 @@ def check_inputs(
     b: Tensor,
     num_kv_heads: int,
     num_heads: int,
+    concrete: bool = False,
 ) -> None:
     """Raise a ``ValueError``/``RuntimeError`` naming the argument if the op can't run.
 
     ``a`` and ``b`` are ``(k, v)`` for ``gqa_expand`` (head dim ``num_kv_heads``) and
     ``(grad_k, grad_v)`` for ``gqa_reduce`` (head dim ``num_heads``). Shape relations go
     through ``torch._check*`` so that symbolic shapes become runtime asserts, not guards.
+    ``concrete=True`` (real tensors, plain ints) first tries one cheap test of everything
+    and returns if it passes: the eager call is a hot path.
     """
     reduce = op == "gqa_reduce"
+    if concrete:
+        shape_a, shape_b = a.shape, b.shape
+        if (
+            len(shape_a) == 4
+            and len(shape_b) == 4
+            and num_kv_heads > 0
+            and num_heads > 0
+            and num_heads % num_kv_heads == 0
+            and shape_a[1] == (num_heads if reduce else num_kv_heads)
+            and shape_a[:3] == shape_b[:3]
+            and a.device == b.device
+            and (
+                (a.dtype in _REDUCE_DTYPES and b.dtype in _REDUCE_DTYPES)
+                if reduce
+                else not (a.dtype.is_complex or b.dtype.is_complex)
+            )
+        ):
+            return
     for name, x in zip(names, (a, b)):
         torch._check_value(
             x.dim() == 4,
@@ -115,25 +136,43 @@ def _use_triton(x: Tensor) -> bool:
 # --- the ops ---------------------------------------------------------------------------
 
 
-# custom_op gives the schema, functionalization and the autograd plumbing in one place;
-# int annotations become SymInt so dynamic head counts trace.
-@torch.library.custom_op("neuralops::gqa_expand", mutates_args=())
-def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
-    """``[B, H_kv, N, D] -> [B, num_heads, N, D]`` for k and v: head ``h`` copies KV head ``h // n_rep``."""
-    check_inputs("gqa_expand", ("k", "v"), k, v, num_kv_heads, num_heads)
+def _expand_impl(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
+    check_inputs("gqa_expand", ("k", "v"), k, v, num_kv_heads, num_heads, concrete=True)
     n_rep = num_heads // num_kv_heads
     if _use_triton(k):
         return _triton_kernels().expand_forward(k, v, n_rep)
     return expand_reference(k, n_rep), expand_reference(v, n_rep)
 
 
-@torch.library.custom_op("neuralops::gqa_reduce", mutates_args=())
-def gqa_reduce(grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
-    """``[B, num_heads, N, D] -> [B, H_kv, N, D]``: KV head ``j`` sums its group's ``n_rep`` heads."""
-    check_inputs("gqa_reduce", ("grad_k", "grad_v"), grad_k, grad_v, num_kv_heads, num_heads)
+def _reduce_impl(grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
+    check_inputs("gqa_reduce", ("grad_k", "grad_v"), grad_k, grad_v, num_kv_heads, num_heads, concrete=True)
     if _use_triton(grad_k):
         return _triton_kernels().reduce_backward(grad_k, grad_v, num_heads // num_kv_heads)
     return reduce_reference(grad_k, num_kv_heads), reduce_reference(grad_v, num_kv_heads)
+
+
+# custom_op gives the schema, functionalization and the autograd plumbing in one place;
+# int annotations become SymInt so dynamic head counts trace. Its implementation serves
+# every device; CUDA gets a direct registration below.
+@torch.library.custom_op("neuralops::gqa_expand", mutates_args=())
+def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
+    """``[B, H_kv, N, D] -> [B, num_heads, N, D]`` for k and v: head ``h`` copies KV head ``h // n_rep``."""
+    return _expand_impl(k, v, num_kv_heads, num_heads)
+
+
+@torch.library.custom_op("neuralops::gqa_reduce", mutates_args=())
+def gqa_reduce(grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
+    """``[B, num_heads, N, D] -> [B, H_kv, N, D]``: KV head ``j`` sums its group's ``n_rep`` heads."""
+    return _reduce_impl(grad_k, grad_v, num_kv_heads, num_heads)
+
+
+# The CUDA kernels registered straight on the dispatcher's CUDA key: custom_op's own
+# per-device wrapper (a dynamo-disable context and an aliasing check on every call) costs
+# microseconds that an eager call of a small shape can't spare. The outputs are always
+# fresh tensors, so the aliasing check has nothing to find.
+_cuda_lib = torch.library.Library("neuralops", "IMPL")
+_cuda_lib.impl("gqa_expand", _expand_impl, "CUDA")
+_cuda_lib.impl("gqa_reduce", _reduce_impl, "CUDA")
 
 
 # Fake implementations: shapes only, for FakeTensor/meta tracing (compile, export). They
