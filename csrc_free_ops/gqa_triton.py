@@ -270,7 +270,48 @@ def _as_copyable(x: Tensor) -> Tensor:
 _EMPTY_LAYOUT = (0, 0, 0, 0, 0, 0)
 _EMPTY_TILING = Tiling(1, 1, 0, 0, 1)
 
-Plan = tuple[tuple[int], tuple[int, ...], dict[str, object]]
+class Plan:
+    """One launch's grid, scalar arguments and meta-parameters, plus its compiled kernels.
+
+    Plans are cached by shape, strides and element types; once a plan's kernel has been
+    compiled for a device, dtypes and pointer alignments, later calls launch the compiled
+    handle directly (``_launch``), skipping Triton's per-call argument binding: that
+    binding is most of an eager call's host time on small shapes.
+    """
+
+    __slots__ = ("grid", "args", "meta", "compiled")
+
+    def __init__(self, grid: tuple[int], args: tuple[int, ...], meta: dict[str, object]) -> None:
+        self.grid, self.args, self.meta = grid, args, meta
+        self.compiled: dict[tuple, object] = {}
+
+
+def _launch_hooks_set() -> bool:
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    return runtime is None or bool(runtime.launch_enter_hook or runtime.launch_exit_hook)
+
+
+def _launch(kernel: triton.runtime.JITFunction, plan: Plan, tensors: tuple[Tensor, ...]) -> None:
+    """Launch ``kernel`` on the current stream of the tensors' device."""
+    device = tensors[0].device
+    key = (device.index, *[(t.dtype, t.data_ptr() % 16 == 0) for t in tensors])
+    compiled = plan.compiled.get(key)
+    if compiled is None or _launch_hooks_set():
+        with torch.cuda.device(device):
+            compiled = kernel[plan.grid](*tensors, *plan.args, **plan.meta)
+        # The interpreter returns no handle; profilers' launch hooks need Triton's own path.
+        if compiled is not None and hasattr(compiled, "packed_metadata") and not _launch_hooks_set():
+            plan.compiled[key] = (compiled, [plan.meta[n] for n in kernel.arg_names[len(tensors) + len(plan.args):]])
+        return
+    handle, constexprs = compiled  # type: ignore[misc]
+    if device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):
+            return _launch(kernel, plan, tensors)
+    # The same call Triton's JIT makes after binding: grid, stream, function, metadata,
+    # no launch hooks, then every kernel parameter in declaration order.
+    stream = torch._C._cuda_getCurrentRawStream(device.index)
+    handle.run(plan.grid[0], 1, 1, stream, handle.function, handle.packed_metadata, None, None, None,
+               *tensors, *plan.args, *constexprs)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=1024)
@@ -303,15 +344,14 @@ def _expand_plan(
         tilings.append((shape, layout, tiling, empty))
     if programs == [0, 0]:
         return None
-    rep_chunks, reps_per_program = rep_split(sum(programs), n_rep)
-    meta["REP_MAJOR"] = launch_settings.REP_MAJOR
+    rep_chunks, reps_per_program, meta["REP_MAJOR"] = rep_split(sum(programs), n_rep)
     meta["STORE_POLICY"] = launch_settings.STORE_POLICY
     k_programs, v_programs = (p * rep_chunks for p in programs)
     args += [rep_chunks, reps_per_program, k_programs]
     out_heads = kv_heads * n_rep
     meta["INDEX_64"] = max(_reach(s, lay, t, out_heads) for s, lay, t, empty in tilings if not empty) > _INT32_LIMIT
     meta["num_warps"] = max(t.num_warps for _, _, t, empty in tilings if not empty)
-    return (k_programs + v_programs,), tuple(args), meta
+    return Plan((k_programs + v_programs,), tuple(args), meta)
 
 
 def expand_forward(k: Tensor, v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]:
@@ -321,10 +361,11 @@ def expand_forward(k: Tensor, v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]:
     v_out = v.new_empty((v_shape[0], v_shape[1] * n_rep, v_shape[2], v_shape[3]))
     plan = _expand_plan(k_shape, k.stride(), k.element_size(), v_shape, v.stride(), v.element_size(), n_rep)
     if plan is not None:
-        grid, args, meta = plan
-        expand_fwd_kernel[grid](
-            _as_copyable(k), _as_copyable(v), _as_copyable(k_out), _as_copyable(v_out), *args, **meta
-        )
+        tensors = (_as_copyable(k), _as_copyable(v), _as_copyable(k_out), _as_copyable(v_out))
+        if k.is_cuda:
+            _launch(expand_fwd_kernel, plan, tensors)
+        else:
+            expand_fwd_kernel[plan.grid](*tensors, *plan.args, **plan.meta)
     return k_out, v_out
 
 
@@ -362,7 +403,7 @@ def _reduce_plan(
     args.append(programs[0])
     meta["INDEX_64"] = max(_reach(s, lay, t, kv_heads) for s, lay, t, empty in tilings if not empty) > _INT32_LIMIT
     meta["num_warps"] = max(t.num_warps for _, _, t, empty in tilings if not empty)
-    return (sum(programs),), tuple(args), meta
+    return Plan((sum(programs),), tuple(args), meta)
 
 
 def reduce_backward(grad_k: Tensor, grad_v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]:
@@ -372,6 +413,9 @@ def reduce_backward(grad_k: Tensor, grad_v: Tensor, n_rep: int) -> tuple[Tensor,
     gv_out = grad_v.new_empty((v_shape[0], v_shape[1] // n_rep, v_shape[2], v_shape[3]))
     plan = _reduce_plan(k_shape, grad_k.stride(), grad_k.dtype, v_shape, grad_v.stride(), grad_v.dtype, n_rep)
     if plan is not None:
-        grid, args, meta = plan
-        reduce_bwd_kernel[grid](grad_k, grad_v, gk_out, gv_out, *args, **meta)
+        tensors = (grad_k, grad_v, gk_out, gv_out)
+        if grad_k.is_cuda:
+            _launch(reduce_bwd_kernel, plan, tensors)
+        else:
+            reduce_bwd_kernel[plan.grid](*tensors, *plan.args, **plan.meta)
     return gk_out, gv_out

@@ -19,17 +19,18 @@ import triton
 # Programs wanted in one launch: 4 waves of the H200's 132 SMs.
 TARGET_PROGRAMS = 528
 # A tile's bytes before shrinking, and the floor shrinking stops at.
-TILE_BYTES = 16384
+TILE_BYTES = 4096
 MIN_TILE_BYTES = 2048
 # Bytes one warp moves per load instruction (32 threads x 16-byte vectors), times the
 # vectors we want each thread to keep in flight.
-BYTES_PER_WARP = 32 * 16 * 4
+BYTES_PER_WARP = 32 * 16 * 2
 MAX_WARPS = 8
 # The reduction issues this many of a group's loads together per loop step.
 REDUCE_UNROLL = 8
-# Expansion program order: True walks the output linearly (each program one rep chunk of
-# one tile, the input re-read from L2); False stores each tile's reps from one program.
-REP_MAJOR = False
+# Expansion program order: up to this many reps, and with tiles to spare, programs walk the
+# output linearly (one rep of one tile each, the input re-read from L2); above it, each
+# program stores a chunk of one tile's reps.
+REP_MAJOR_MAX_REPS = 16
 # Cache hint for the expansion's stores ("" or "evict_first": the output is streamed).
 STORE_POLICY = ""
 
@@ -60,17 +61,18 @@ def expand_tiling(rows: int, cols: int, itemsize: int, heads: int) -> Tiling:
     return _tiling(rows, cols, itemsize, heads, TILE_BYTES)
 
 
-def rep_split(programs: int, n_rep: int) -> tuple[int, int]:
-    """``(rep_chunks, reps_per_program)``: how the ``n_rep`` stores of a tile are shared out.
+def rep_split(programs: int, n_rep: int) -> tuple[int, int, bool]:
+    """``(rep_chunks, reps_per_program, rep_major)``: how the ``n_rep`` stores of a tile are shared out.
 
-    When the tiles alone give fewer than ``TARGET_PROGRAMS`` programs (MQA, short
-    sequences), each tile's copies are split over several programs.
+    With tiles to spare and few reps, every program stores one rep and programs walk the
+    output in order (``rep_major``). Otherwise each program stores a chunk of a tile's reps,
+    split further when the tiles alone give fewer than ``TARGET_PROGRAMS`` programs (MQA).
     """
-    if REP_MAJOR:
-        return n_rep, 1
+    if n_rep <= REP_MAJOR_MAX_REPS and programs >= TARGET_PROGRAMS:
+        return n_rep, 1, True
     chunks = min(n_rep, max(1, triton.cdiv(TARGET_PROGRAMS, max(programs, 1))))
     reps_per_program = triton.cdiv(n_rep, chunks)
-    return triton.cdiv(n_rep, reps_per_program), reps_per_program
+    return triton.cdiv(n_rep, reps_per_program), reps_per_program, False
 
 
 def reduce_tiling(rows: int, cols: int, itemsize: int, heads: int) -> Tiling:

@@ -122,6 +122,37 @@ def _median_ms(fn: Fn, device: str, rep_ms: int = 100) -> float:
     return statistics.median(times)
 
 
+def _graph_ms(calls: list[Fn]) -> float:
+    """Median milliseconds per call, the calls captured into one CUDA graph and replayed.
+
+    Replaying a graph takes the host out of the measurement, so a provider's Python cost
+    (ours included) doesn't hide its kernels' speed; host cost is reported on its own. The
+    calls use different buffers, together several times the L2 cache, so no call reads
+    what the previous one left in cache.
+    """
+    import triton.testing
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    ms = float(triton.testing.do_bench(graph.replay, warmup=25, rep=100, return_mode="median"))
+    del graph
+    return ms / len(calls)
+
+
+def _buffer_sets(nbytes: int) -> int:
+    """How many input sets make the rotation at least 4x the L2 cache (at most 8)."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    return max(1, min(8, -(-4 * l2 // max(nbytes, 1))))
+
+
 def copy_ceiling_gbs(device: str) -> float:
     """GB/s of a large device-to-device copy (1 GiB on CUDA), counting bytes read + written."""
     nbytes = 2**30 if device == "cuda" else 2**27
@@ -131,24 +162,46 @@ def copy_ceiling_gbs(device: str) -> float:
     return 2 * nbytes / ms / 1e6
 
 
-def _forward_providers(shape: Shape, device: str) -> dict[str, Callable[[Tensor, Tensor], object]]:
-    n_rep = shape.n_rep
-    providers: dict[str, Callable[[Tensor, Tensor], object]] = {
-        "neuralops": lambda k, v: _ours_pair(k, v, n_rep),
-        "hf_eager": lambda k, v: _hf_pair(k, v, n_rep),
-        "repeat_interleave": lambda k, v: _interleave_pair(k, v, n_rep),
+def _hf_backward(gk: Tensor, gv: Tensor, n_rep: int) -> tuple[Tensor, Tensor]:
+    """What autograd runs for ``repeat_kv``'s backward: the reshape's view, the expand's sum."""
+    b, h, n, _ = gk.shape
+    return gk.view(b, h // n_rep, n_rep, n, -1).sum(2), gv.view(b, h // n_rep, n_rep, n, -1).sum(2)
+
+
+_compiled_hf_backward = torch.compile(_hf_backward, dynamic=False)
+
+
+def _providers(shape: Shape, direction: str, device: str) -> dict[str, Callable[[Tensor, Tensor], object]]:
+    """Forward: both tensors expanded. Backward: both gradients reduced (the kernel work of
+    the backward pass, without the autograd engine's host cost)."""
+    n_rep, kv, heads = shape.n_rep, shape.kv_heads, shape.heads
+    if direction == "forward":
+        providers: dict[str, Callable[[Tensor, Tensor], object]] = {
+            "neuralops": lambda k, v: _ours_pair(k, v, n_rep),
+            "hf_eager": lambda k, v: _hf_pair(k, v, n_rep),
+            "repeat_interleave": lambda k, v: _interleave_pair(k, v, n_rep),
+        }
+        if device == "cuda":
+            providers["compiled_hf"] = lambda k, v: _compiled_hf_pair(k, v, n_rep)
+        return providers
+    providers = {
+        "neuralops": lambda gk, gv: torch.ops.neuralops.gqa_reduce(gk, gv, kv, heads),
+        "hf_eager": lambda gk, gv: _hf_backward(gk, gv, n_rep),
     }
     if device == "cuda":
-        providers["compiled_hf"] = lambda k, v: _compiled_hf_pair(k, v, n_rep)
+        providers["compiled_hf"] = lambda gk, gv: _compiled_hf_backward(gk, gv, n_rep)
     return providers
 
 
-def _backward_fn(expand: Callable[[Tensor, Tensor], object], shape: Shape, dtype: torch.dtype, device: str) -> Fn:
-    """Time only the backward: the graph is built once and retained, gradients are given."""
-    k, v = make_inputs(shape, dtype, device, requires_grad=True)
-    outs = expand(k, v)
-    grads = [torch.randn_like(o) for o in outs]  # type: ignore[union-attr]
-    return lambda: torch.autograd.grad(outs, (k, v), grads, retain_graph=True)  # type: ignore[arg-type]
+def _call(provider: Callable[[Tensor, Tensor], object], direction: str, shape: Shape, dtype: torch.dtype,
+          device: str) -> Fn:  # fmt: skip
+    """One timed call of ``provider`` on its own fresh inputs."""
+    if direction == "forward":
+        a, b = make_inputs(shape, dtype, device)
+    else:
+        grad_shape = Shape(shape.name, shape.batch, shape.heads, shape.heads, shape.seq, shape.dim, shape.bnhd)
+        a, b = make_inputs(grad_shape, dtype, device)
+    return lambda: provider(a, b)
 
 
 def host_overhead_us(shape: Shape, dtype: torch.dtype, device: str, calls: int = 2000) -> dict[str, float]:
@@ -158,6 +211,7 @@ def host_overhead_us(shape: Shape, dtype: torch.dtype, device: str, calls: int =
     out: dict[str, float] = {}
     candidates: list[tuple[str, Fn]] = [
         ("neuralops", lambda: _ours_pair(k, v, n_rep)),
+        ("neuralops_repeat_kv_k_only", lambda: neuralops_gqa.repeat_kv(k, n_rep)),
         ("hf_eager", lambda: _hf_pair(k, v, n_rep)),
         # Where the time goes: the two output allocations alone, and the launcher without
         # the dispatcher in front of it.
@@ -167,30 +221,6 @@ def host_overhead_us(shape: Shape, dtype: torch.dtype, device: str, calls: int =
         from csrc_free_ops import gqa_triton
 
         candidates.append(("launcher_only", lambda: gqa_triton.expand_forward(k, v, n_rep)))
-        plan = gqa_triton._expand_plan(k.shape, k.stride(), k.element_size(), v.shape, v.stride(),
-                                       v.element_size(), n_rep)  # fmt: skip
-        assert plan is not None
-        grid, args, meta = plan
-        ko, vo = _ours_pair(k, v, n_rep)
-        candidates.append(("triton_jit_launch", lambda: gqa_triton.expand_fwd_kernel[grid](k, v, ko, vo, *args, **meta)))
-        compiled = gqa_triton.expand_fwd_kernel[grid](k, v, ko, vo, *args, **meta)
-        try:
-            import triton
-
-            dev = torch.cuda.current_device()
-            full = (k, v, ko, vo, *args, *[meta[n] for n in ("K_BLOCK_R", "K_BLOCK_C", "V_BLOCK_R", "V_BLOCK_C",
-                                                             "INDEX_64", "REP_MAJOR", "STORE_POLICY")])  # fmt: skip
-            get_stream = triton.runtime.driver.active.get_current_stream
-
-            def direct() -> None:
-                compiled.run(grid[0], 1, 1, get_stream(dev), compiled.function, compiled.packed_metadata,
-                             None, None, None, *full)  # fmt: skip
-
-            direct()
-            torch.cuda.synchronize()
-            candidates.append(("compiled_run_direct", direct))
-        except Exception as exc:  # diagnostic only
-            print(f"direct launch probe failed: {exc!r}", file=sys.stderr)
     for name, fn in candidates:
         for _ in range(50):
             fn()
@@ -278,18 +308,18 @@ def run(shapes: list[Shape], dtypes: list[torch.dtype], device: str, backward: b
             nbytes = shape.minimal_bytes(itemsize)
             for direction in directions:
                 times: dict[str, float] = {}
-                providers = _forward_providers(shape, device)
-                if direction == "backward":
-                    providers.pop("repeat_interleave")
-                for name, expand in providers.items():
-                    if direction == "forward":
-                        k, v = make_inputs(shape, dtype, device)
-                        fn: Fn = lambda expand=expand, k=k, v=v: expand(k, v)  # noqa: E731
+                providers = _providers(shape, direction, device)
+                in_bytes = 2 * shape.batch * shape.seq * shape.dim * itemsize
+                in_bytes *= shape.kv_heads if direction == "forward" else shape.heads
+                sets = _buffer_sets(in_bytes) if device == "cuda" else 1
+                for name, provider in providers.items():
+                    calls = [_call(provider, direction, shape, dtype, device) for _ in range(sets)]
+                    if device == "cuda":
+                        times[name] = _graph_ms(calls)
                     else:
-                        fn = _backward_fn(expand, shape, dtype, device)
-                    times[name] = _median_ms(fn, device)
+                        times[name] = _median_ms(calls[0], device)
                     progress.step(f"{shape.name} {direction} {name}")
-                    del fn
+                    del calls
                 results.append(
                     {
                         "shape": asdict(shape),
@@ -380,11 +410,17 @@ def print_table(report: dict) -> None:
     print(to_markdown(report))
 
 
-SWEEP_TILE_BYTES = (4096, 8192, 16384)
-SWEEP_BYTES_PER_WARP = (1024, 2048)
-SWEEP_TARGET_PROGRAMS = (528, 2112)
-SWEEP_FORWARD = {"REP_MAJOR": (False, True), "STORE_POLICY": ("", "evict_first")}
-SWEEP_BACKWARD = {"REDUCE_UNROLL": (4, 8, 16)}
+SWEEP_FORWARD = {
+    "TILE_BYTES": (4096, 8192),
+    "BYTES_PER_WARP": (1024, 2048),
+    "TARGET_PROGRAMS": (528, 2112),
+    "REP_MAJOR_MAX_REPS": (0, 16),
+}
+SWEEP_BACKWARD = {
+    "TILE_BYTES": (4096, 8192, 16384),
+    "BYTES_PER_WARP": (1024, 2048),
+    "REDUCE_UNROLL": (4, 8, 16),
+}
 
 
 def write_ceiling_gbs() -> float:
@@ -403,16 +439,19 @@ def sweep(shapes: list[Shape], dtype: torch.dtype) -> dict:
 
     from csrc_free_ops import gqa_triton, launch_settings
 
-    base = {"TILE_BYTES": SWEEP_TILE_BYTES, "BYTES_PER_WARP": SWEEP_BYTES_PER_WARP,
-            "TARGET_PROGRAMS": SWEEP_TARGET_PROGRAMS}  # fmt: skip
-    grids = {"forward": {**base, **SWEEP_FORWARD}, "backward": {**base, **SWEEP_BACKWARD}}
+    grids = {"forward": SWEEP_FORWARD, "backward": SWEEP_BACKWARD}
     names = {n for g in grids.values() for n in g}
     saved = {n: getattr(launch_settings, n) for n in names}
     total = sum(len(list(itertools.product(*g.values()))) for g in grids.values())
     progress = Progress(total)
     rows = []
-    inputs = {s.name: make_inputs(s, dtype, "cuda") for s in shapes}
-    grads = {s.name: make_inputs(Shape(s.name, s.batch, s.heads, s.heads, s.seq, s.dim), dtype, "cuda") for s in shapes}
+    def sets(s: Shape, heads: int) -> list[tuple[Tensor, Tensor]]:
+        shape = Shape(s.name, s.batch, heads, heads, s.seq, s.dim, s.bnhd)
+        count = _buffer_sets(2 * s.batch * heads * s.seq * s.dim * dtype.itemsize)
+        return [make_inputs(shape, dtype, "cuda") for _ in range(count)]
+
+    inputs = {s.name: sets(s, s.kv_heads) for s in shapes}
+    grads = {s.name: sets(s, s.heads) for s in shapes}
     try:
         for direction, grid in grids.items():
             for values in itertools.product(*grid.values()):
@@ -422,17 +461,19 @@ def sweep(shapes: list[Shape], dtype: torch.dtype) -> dict:
                 gqa_triton._expand_plan.cache_clear()
                 gqa_triton._reduce_plan.cache_clear()
                 for s in shapes:
+                    n_rep = s.n_rep
                     if direction == "forward":
-                        k, v = inputs[s.name]
-                        out = gqa_triton.expand_forward(k, v, s.n_rep)
-                        ok = torch.equal(out[1], v.repeat_interleave(s.n_rep, 1))
-                        ms = _median_ms(lambda: gqa_triton.expand_forward(k, v, s.n_rep), "cuda", rep_ms=40)
+                        k, v = inputs[s.name][0]
+                        out = gqa_triton.expand_forward(k, v, n_rep)
+                        ok = torch.equal(out[1], v.repeat_interleave(n_rep, 1))
+                        calls = [lambda k=k, v=v: gqa_triton.expand_forward(k, v, n_rep) for k, v in inputs[s.name]]
                     else:
-                        gk, gv = grads[s.name]
-                        out = gqa_triton.reduce_backward(gk, gv, s.n_rep)
-                        ref = gv.float().unflatten(1, (s.kv_heads, s.n_rep)).sum(2)
+                        gk, gv = grads[s.name][0]
+                        out = gqa_triton.reduce_backward(gk, gv, n_rep)
+                        ref = gv.float().unflatten(1, (s.kv_heads, n_rep)).sum(2)
                         ok = torch.allclose(out[1].float(), ref, rtol=1e-2, atol=1e-2)
-                        ms = _median_ms(lambda: gqa_triton.reduce_backward(gk, gv, s.n_rep), "cuda", rep_ms=40)
+                        calls = [lambda g=g: gqa_triton.reduce_backward(*g, n_rep) for g in grads[s.name]]
+                    ms = _graph_ms(calls)
                     rows.append({"direction": direction, "shape": s.name, **setting, "ms": ms, "correct": ok})
                     del out
                 progress.step(f"{direction} {values}")

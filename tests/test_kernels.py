@@ -24,19 +24,19 @@ def test_index_64_chosen_only_past_int32() -> None:
     big_shape, big_stride = (8, 8, 32768, 128), (2**25, 2**22, 128, 1)
     big = gqa_triton._expand_plan(big_shape, big_stride, 2, big_shape, big_stride, 2, 8)
     assert small is not None and big is not None
-    assert small[2]["INDEX_64"] is False
-    assert big[2]["INDEX_64"] is True
+    assert small.meta["INDEX_64"] is False
+    assert big.meta["INDEX_64"] is True
     # A small tensor whose batch stride reaches past 2^31 (a view into a huge buffer).
     far = gqa_triton._expand_plan((2, 1, 4, 8), (2**31, 32, 8, 1), 2, (2, 1, 4, 8), (32, 32, 8, 1), 2, 2)
-    assert far is not None and far[2]["INDEX_64"] is True
+    assert far is not None and far.meta["INDEX_64"] is True
     # The reduction's gradient: 8 x 64 x 32768 x 128 reaches exactly 2^31 - 1, the
     # largest int32 offset; one more batch row goes past it.
     edge = ((8, 64, 32768, 128), (2**28, 2**22, 128, 1), torch.bfloat16)
     past = ((9, 64, 32768, 128), (2**28, 2**22, 128, 1), torch.bfloat16)
     edge_plan = gqa_triton._reduce_plan(*edge, *edge, 8)
     past_plan = gqa_triton._reduce_plan(*past, *past, 8)
-    assert edge_plan is not None and edge_plan[2]["INDEX_64"] is False
-    assert past_plan is not None and past_plan[2]["INDEX_64"] is True
+    assert edge_plan is not None and edge_plan.meta["INDEX_64"] is False
+    assert past_plan is not None and past_plan.meta["INDEX_64"] is True
 
 
 def test_empty_plans_launch_nothing() -> None:
@@ -48,9 +48,8 @@ def test_empty_plans_launch_nothing() -> None:
 def test_grid_covers_both_tensors() -> None:
     plan = gqa_triton._expand_plan((2, 2, 8, 16), (256, 128, 16, 1), 4, (2, 2, 8, 0), (0, 0, 0, 1), 4, 3)
     assert plan is not None
-    grid, args, meta = plan
-    k_programs = args[-1]
-    assert grid == (k_programs,)  # v has no elements: no programs for it
+    k_programs = plan.args[-1]
+    assert plan.grid == (k_programs,)  # v has no elements: no programs for it
 
 
 @pytest.mark.parametrize("index_64", [False, True])
@@ -62,7 +61,7 @@ def test_int64_offset_path_matches(device: str, index_64: bool, monkeypatch: pyt
     v = make_tensor((2, 3, 10, 40), torch.float32, "offset", device, seed=2)
     plan = gqa_triton._expand_plan(k.shape, k.stride(), 2, v.shape, v.stride(), 4, 5)
     assert plan is not None
-    grid, args, meta = plan
+    grid, args, meta = plan.grid, plan.args, plan.meta
     k_out = torch.empty(2, 15, 10, 24, dtype=k.dtype, device=device)
     v_out = torch.empty(2, 15, 10, 40, dtype=v.dtype, device=device)
     gqa_triton.expand_fwd_kernel[grid](k, v, k_out, v_out, *args, **{**meta, "INDEX_64": index_64})
@@ -71,8 +70,27 @@ def test_int64_offset_path_matches(device: str, index_64: bool, monkeypatch: pyt
     g = make_tensor((2, 15, 10, 24), torch.float32, "bnhd", device, seed=3)
     rplan = gqa_triton._reduce_plan(g.shape, g.stride(), g.dtype, g.shape, g.stride(), g.dtype, 5)
     assert rplan is not None
-    rgrid, rargs, rmeta = rplan
+    rgrid, rargs, rmeta = rplan.grid, rplan.args, rplan.meta
     outs = [torch.empty(2, 3, 10, 24, device=device) for _ in range(2)]
     gqa_triton.reduce_bwd_kernel[rgrid](g, g, *outs, *rargs, **{**rmeta, "INDEX_64": index_64})
     ref = g.double().unflatten(1, (3, 5)).sum(2)
     torch.testing.assert_close(outs[0].double(), ref, rtol=1e-6, atol=1e-5)
+
+
+def test_compiled_handle_launch_is_reused_and_exact(device: str) -> None:
+    """After the first call, CUDA launches go straight to the compiled kernel: same bits."""
+    if device != "cuda":
+        pytest.skip("launching through the compiled handle exists only on CUDA; CPU runs the interpreter")
+    k = make_tensor((2, 4, 33, 80), torch.bfloat16, "bnhd", device, seed=1)
+    v = make_tensor((2, 4, 33, 64), torch.float16, "offset", device, seed=2)
+    for seed in range(3):  # first call compiles, the next ones take the direct path
+        k.copy_(make_tensor(k.shape, k.dtype, "contiguous", device, seed=10 + seed))
+        k_out, v_out = torch.ops.neuralops.gqa_expand(k, v, 4, 12)
+        assert_bitwise_equal(k_out, expand_oracle(k, 3))
+        assert_bitwise_equal(v_out, expand_oracle(v, 3))
+    plan = gqa_triton._expand_plan(k.shape, k.stride(), 2, v.shape, v.stride(), 2, 3)
+    assert plan is not None and len(plan.compiled) == 1
+    g = make_tensor((2, 12, 33, 80), torch.float32, "bnhd", device, seed=4)
+    for _ in range(2):
+        out, _ = torch.ops.neuralops.gqa_reduce(g, g, 4, 12)
+        torch.testing.assert_close(out.double(), g.double().unflatten(1, (4, 3)).sum(2), rtol=1e-6, atol=1e-5)
