@@ -65,7 +65,6 @@ def _expand_tile(
     BLOCK_C: tl.constexpr,
     INDEX_64: tl.constexpr,
     REP_MAJOR: tl.constexpr,
-    STORE_POLICY: tl.constexpr,
 ):
     if INDEX_64:
         t = t.to(tl.int64)
@@ -98,7 +97,7 @@ def _expand_tile(
     first = chunk * reps_per_program
     last = tl.minimum(first + reps_per_program, n_rep)
     for r in range(first, last):
-        tl.store(dst + (bh * n_rep + r) * head_elems + dst_offs, tile, mask=mask, eviction_policy=STORE_POLICY)
+        tl.store(dst + (bh * n_rep + r) * head_elems + dst_offs, tile, mask=mask)
 
 
 @triton.jit
@@ -134,17 +133,16 @@ def expand_fwd_kernel(
     V_BLOCK_C: tl.constexpr,
     INDEX_64: tl.constexpr,
     REP_MAJOR: tl.constexpr,
-    STORE_POLICY: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid < k_programs:
         _expand_tile(k, k_out, pid, n_rep, kv_heads, k_rows, k_cols, k_sb, k_sh, k_sr, k_sc,
                      k_tiles_r, k_tiles_c, rep_chunks, reps_per_program,
-                     K_BLOCK_R, K_BLOCK_C, INDEX_64, REP_MAJOR, STORE_POLICY)  # fmt: skip
+                     K_BLOCK_R, K_BLOCK_C, INDEX_64, REP_MAJOR)  # fmt: skip
     else:
         _expand_tile(v, v_out, pid - k_programs, n_rep, kv_heads, v_rows, v_cols, v_sb, v_sh,
                      v_sr, v_sc, v_tiles_r, v_tiles_c, rep_chunks, reps_per_program,
-                     V_BLOCK_R, V_BLOCK_C, INDEX_64, REP_MAJOR, STORE_POLICY)  # fmt: skip
+                     V_BLOCK_R, V_BLOCK_C, INDEX_64, REP_MAJOR)  # fmt: skip
 
 
 @triton.jit
@@ -287,8 +285,16 @@ class Plan:
 
 
 def _launch_hooks_set() -> bool:
+    """Whether a profiler asked Triton for launch hooks (then launches keep Triton's own path)."""
     runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
-    return runtime is None or bool(runtime.launch_enter_hook or runtime.launch_exit_hook)
+    if runtime is None:
+        return True
+    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
+        # Triton >= 3.4 keeps an always-present chain of hooks; older ones a callable or None.
+        calls = getattr(hook, "calls", None)
+        if (bool(calls) if calls is not None else hook is not None):
+            return True
+    return False
 
 
 def _launch(kernel: triton.runtime.JITFunction, plan: Plan, tensors: tuple[Tensor, ...]) -> None:
@@ -344,8 +350,8 @@ def _expand_plan(
         tilings.append((shape, layout, tiling, empty))
     if programs == [0, 0]:
         return None
-    rep_chunks, reps_per_program, meta["REP_MAJOR"] = rep_split(sum(programs), n_rep)
-    meta["STORE_POLICY"] = launch_settings.STORE_POLICY
+    plane_bytes = max(t[1][0] * t[1][1] * itemsize for t, itemsize in zip(tilings, (k_itemsize, v_itemsize)))
+    rep_chunks, reps_per_program, meta["REP_MAJOR"] = rep_split(sum(programs), n_rep, plane_bytes)
     k_programs, v_programs = (p * rep_chunks for p in programs)
     args += [rep_chunks, reps_per_program, k_programs]
     out_heads = kv_heads * n_rep

@@ -77,7 +77,8 @@ def hf_repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
 
 
 def _hf_pair(k: Tensor, v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]:
-    return hf_repeat_kv(k, n_rep), hf_repeat_kv(v, n_rep)
+    # With one KV head the reshape is a stride-0 view; materialise it like every provider.
+    return hf_repeat_kv(k, n_rep).contiguous(), hf_repeat_kv(v, n_rep).contiguous()
 
 
 def _interleave_pair(k: Tensor, v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]:
