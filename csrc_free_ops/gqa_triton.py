@@ -284,40 +284,47 @@ class Plan:
         self.compiled: dict[tuple, object] = {}
 
 
+_RUNTIME_KNOBS = getattr(getattr(triton, "knobs", None), "runtime", None)
+
+
 def _launch_hooks_set() -> bool:
     """Whether a profiler asked Triton for launch hooks (then launches keep Triton's own path)."""
-    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
-    if runtime is None:
+    if _RUNTIME_KNOBS is None:
         return True
-    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
+    for hook in (_RUNTIME_KNOBS.launch_enter_hook, _RUNTIME_KNOBS.launch_exit_hook):
         # Triton >= 3.4 keeps an always-present chain of hooks; older ones a callable or None.
         calls = getattr(hook, "calls", None)
-        if (bool(calls) if calls is not None else hook is not None):
+        if bool(calls) if calls is not None else hook is not None:
             return True
     return False
 
 
 def _launch(kernel: triton.runtime.JITFunction, plan: Plan, tensors: tuple[Tensor, ...]) -> None:
-    """Launch ``kernel`` on the current stream of the tensors' device."""
-    device = tensors[0].device
-    key = (device.index, *[(t.dtype, t.data_ptr() % 16 == 0) for t in tensors])
+    """Launch ``kernel`` on the current stream of the tensors' device.
+
+    ``tensors`` is ``(in_a, in_b, out_a, out_b)``. Triton specialises a kernel on its
+    pointers' dtypes and 16-byte alignment; the outputs share the inputs' dtypes and come
+    fresh from the caching allocator (aligned), so the inputs alone key the compiled handle.
+    """
+    a, b = tensors[0], tensors[1]
+    index = a.get_device()
+    key = (index, a.dtype, b.dtype, a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0)
     compiled = plan.compiled.get(key)
     if compiled is None or _launch_hooks_set():
-        with torch.cuda.device(device):
+        with torch.cuda.device(index):
             compiled = kernel[plan.grid](*tensors, *plan.args, **plan.meta)
         # The interpreter returns no handle; profilers' launch hooks need Triton's own path.
         if compiled is not None and hasattr(compiled, "packed_metadata") and not _launch_hooks_set():
             plan.compiled[key] = (compiled, [plan.meta[n] for n in kernel.arg_names[len(tensors) + len(plan.args):]])
         return
-    handle, constexprs = compiled  # type: ignore[misc]
-    if device.index != torch.cuda.current_device():
-        with torch.cuda.device(device):
+    if index != torch._C._cuda_getDevice():
+        with torch.cuda.device(index):
             return _launch(kernel, plan, tensors)
+    handle, constexprs = compiled  # type: ignore[misc]
     # The same call Triton's JIT makes after binding: grid, stream, function, metadata,
     # no launch hooks, then every kernel parameter in declaration order.
-    stream = torch._C._cuda_getCurrentRawStream(device.index)
-    handle.run(plan.grid[0], 1, 1, stream, handle.function, handle.packed_metadata, None, None, None,
-               *tensors, *plan.args, *constexprs)  # fmt: skip
+    handle.run(plan.grid[0], 1, 1, torch._C._cuda_getCurrentRawStream(index), handle.function,
+               handle.packed_metadata, None, None, None, *tensors, *plan.args, *constexprs)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=1024)

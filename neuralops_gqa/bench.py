@@ -222,6 +222,10 @@ def host_overhead_us(shape: Shape, dtype: torch.dtype, device: str, calls: int =
         from csrc_free_ops import gqa_triton
 
         candidates.append(("launcher_only", lambda: gqa_triton.expand_forward(k, v, n_rep)))
+        no_v = k.narrow(3, 0, 0)
+        kv = k.shape[1]
+        candidates.append(("op_k_with_zero_width_v", lambda: torch.ops.neuralops.gqa_expand(k, no_v, kv, kv * n_rep)))
+        candidates.append(("launcher_k_with_zero_width_v", lambda: gqa_triton.expand_forward(k, no_v, n_rep)))
     for name, fn in candidates:
         for _ in range(50):
             fn()

@@ -56,5 +56,5 @@ def repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
         lambda: f"repeat_kv: hidden_states must be 4-D [B, H_kv, N, D], got shape {tuple(hidden_states.shape)}",
     )
     kv_heads = hidden_states.shape[1]
-    out, _ = torch.ops.neuralops.gqa_expand(hidden_states, hidden_states[..., :0], kv_heads, kv_heads * n_rep)
+    out, _ = torch.ops.neuralops.gqa_expand(hidden_states, hidden_states.narrow(3, 0, 0), kv_heads, kv_heads * n_rep)
     return out
