@@ -205,11 +205,10 @@ def _call(provider: Callable[[Tensor, Tensor], object], direction: str, shape: S
     return lambda: provider(a, b)
 
 
-def host_overhead_us(shape: Shape, dtype: torch.dtype, device: str, calls: int = 2000) -> dict[str, float]:
+def host_overhead_us(shape: Shape, dtype: torch.dtype, device: str, calls: int = 500) -> dict[str, float]:
     """Wall-clock microseconds per eager call, the GPU kept busy with nothing else."""
     k, v = make_inputs(shape, dtype, device)
     n_rep = shape.n_rep
-    out: dict[str, float] = {}
     candidates: list[tuple[str, Fn]] = [
         ("neuralops", lambda: _ours_pair(k, v, n_rep)),
         ("neuralops_repeat_kv_k_only", lambda: neuralops_gqa.repeat_kv(k, n_rep)),
@@ -226,11 +225,14 @@ def host_overhead_us(shape: Shape, dtype: torch.dtype, device: str, calls: int =
         kv = k.shape[1]
         candidates.append(("op_k_with_zero_width_v", lambda: torch.ops.neuralops.gqa_expand(k, no_v, kv, kv * n_rep)))
         candidates.append(("launcher_k_with_zero_width_v", lambda: gqa_triton.expand_forward(k, no_v, n_rep)))
-    for name, fn in candidates:
+    # Rounds interleave the candidates so that drift in the host's speed (clocks, other
+    # processes) lands on all of them alike; the median round is reported.
+    samples: dict[str, list[float]] = {name: [] for name, _ in candidates}
+    for _, fn in candidates:
         for _ in range(50):
             fn()
-        samples = []
-        for _ in range(5):
+    for _ in range(15):
+        for name, fn in candidates:
             if device == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
@@ -238,8 +240,8 @@ def host_overhead_us(shape: Shape, dtype: torch.dtype, device: str, calls: int =
                 fn()
             if device == "cuda":
                 torch.cuda.synchronize()
-            samples.append((time.perf_counter() - start) / calls * 1e6)
-        out[name] = statistics.median(samples)
+            samples[name].append((time.perf_counter() - start) / calls * 1e6)
+    out = {name: statistics.median(vals) for name, vals in samples.items()}
     return out
 
 
