@@ -48,13 +48,14 @@ def repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
         >>> bool((repeat_kv(x, 3) == x.repeat_interleave(3, dim=1)).all())
         True
     """
-    torch._check_value(n_rep >= 1, lambda: f"repeat_kv: n_rep must be a positive int, got {n_rep}")
+    # Plain ifs: n_rep is a Python int and the rank is static, also under torch.compile,
+    # and an eager call is a hot path.
     if n_rep == 1:
         return hidden_states
-    torch._check_value(
-        hidden_states.dim() == 4,
-        lambda: f"repeat_kv: hidden_states must be 4-D [B, H_kv, N, D], got shape {tuple(hidden_states.shape)}",
-    )
+    if n_rep < 1:
+        raise ValueError(f"repeat_kv: n_rep must be a positive int, got {n_rep}")
+    if hidden_states.dim() != 4:
+        raise ValueError(f"repeat_kv: hidden_states must be 4-D [B, H_kv, N, D], got shape {tuple(hidden_states.shape)}")
     kv_heads = hidden_states.shape[1]
     out, _ = torch.ops.neuralops.gqa_expand(hidden_states, hidden_states.narrow(3, 0, 0), kv_heads, kv_heads * n_rep)
     return out
