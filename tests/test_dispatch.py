@@ -29,7 +29,7 @@ def test_dispatch_mode_sees_the_op(backend: str, device: str) -> None:
 
 
 def test_vmap_and_functionalize(backend: str, device: str) -> None:
-    kb = make_tensor((5, 2, 2, 3, 4), torch.float32, "contiguous", device)
+    kb = torch.randn(5, 2, 2, 3, 4, generator=torch.Generator().manual_seed(0)).to(device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # no batching rule yet: PyTorch loops over the batch
         out, _ = torch.vmap(lambda k, v: torch.ops.neuralops.gqa_expand(k, v, 2, 4))(kb, kb)
