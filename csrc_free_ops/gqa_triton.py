@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Callable
 
 import torch
 import triton
@@ -327,6 +328,42 @@ def _launch(kernel: triton.runtime.JITFunction, plan: Plan, tensors: tuple[Tenso
                handle.packed_metadata, None, None, None, *tensors, *plan.args, *constexprs)  # fmt: skip
 
 
+def _tensor_part(
+    shape: tuple[int, ...], stride: tuple[int, ...], itemsize: int, heads: int, tiling_for: Callable[..., Tiling]
+) -> tuple[tuple[int, int, int, int, int, int], Tiling, int]:
+    """One tensor's layout, tiling and program count (0 when it has no elements)."""
+    if math.prod(shape) == 0:
+        return _EMPTY_LAYOUT, _EMPTY_TILING, 0
+    layout = _layout(shape, stride)
+    tiling = tiling_for(layout[0], layout[1], itemsize, heads)
+    return layout, tiling, heads * tiling.tiles_r * tiling.tiles_c
+
+
+def _plan_parts(
+    shapes: tuple[tuple[int, ...], tuple[int, ...]],
+    strides: tuple[tuple[int, ...], tuple[int, ...]],
+    itemsizes: tuple[int, int],
+    heads: int,
+    out_heads: int,
+    tiling_for: Callable[..., Tiling],
+    args: list[int],
+    meta: dict[str, object],
+) -> list[int]:
+    """Append both tensors' scalar arguments and block sizes; set the shared meta-parameters.
+
+    Returns the two program counts (the caller decides the grid).
+    """
+    parts = [_tensor_part(*t, heads, tiling_for) for t in zip(shapes, strides, itemsizes)]
+    for name, (layout, tiling, _) in zip("KV", parts):
+        args += [*layout, tiling.tiles_r, tiling.tiles_c]
+        meta[f"{name}_BLOCK_R"], meta[f"{name}_BLOCK_C"] = tiling.block_r, tiling.block_c
+    live = [(shape, layout, tiling) for shape, (layout, tiling, programs) in zip(shapes, parts) if programs]
+    if live:
+        meta["INDEX_64"] = max(_reach(*part, out_heads) for part in live) > _INT32_LIMIT
+        meta["num_warps"] = max(tiling.num_warps for _, _, tiling in live)
+    return [programs for _, _, programs in parts]
+
+
 @functools.lru_cache(maxsize=1024)
 def _expand_plan(
     k_shape: tuple[int, ...],
@@ -341,29 +378,21 @@ def _expand_plan(
 
     Cached by shape, strides and item sizes, so a repeated call skips this arithmetic.
     """
-    batch, kv_heads = k_shape[0], k_shape[1]
-    heads = batch * kv_heads
+    kv_heads = k_shape[1]
     args: list[int] = [n_rep, kv_heads]
     meta: dict[str, object] = {}
-    programs = []
-    tilings = []
-    for name, shape, stride, itemsize in (("K", k_shape, k_stride, k_itemsize), ("V", v_shape, v_stride, v_itemsize)):
-        empty = math.prod(shape) == 0
-        layout = _EMPTY_LAYOUT if empty else _layout(shape, stride)
-        tiling = _EMPTY_TILING if empty else expand_tiling(layout[0], layout[1], itemsize, heads)
-        args += [*layout, tiling.tiles_r, tiling.tiles_c]
-        meta[f"{name}_BLOCK_R"], meta[f"{name}_BLOCK_C"] = tiling.block_r, tiling.block_c
-        programs.append(0 if empty else heads * tiling.tiles_r * tiling.tiles_c)
-        tilings.append((shape, layout, tiling, empty))
-    if programs == [0, 0]:
+    programs = _plan_parts((k_shape, v_shape), (k_stride, v_stride), (k_itemsize, v_itemsize),
+                           k_shape[0] * kv_heads, kv_heads * n_rep, expand_tiling, args, meta)  # fmt: skip
+    if not any(programs):
         return None
-    plane_bytes = max(t[1][0] * t[1][1] * itemsize for t, itemsize in zip(tilings, (k_itemsize, v_itemsize)))
+    plane_bytes = max(
+        shape[2] * shape[3] * itemsize
+        for shape, itemsize, count in zip((k_shape, v_shape), (k_itemsize, v_itemsize), programs)
+        if count
+    )
     rep_chunks, reps_per_program, meta["REP_MAJOR"] = rep_split(sum(programs), n_rep, plane_bytes)
-    k_programs, v_programs = (p * rep_chunks for p in programs)
+    k_programs, v_programs = (count * rep_chunks for count in programs)
     args += [rep_chunks, reps_per_program, k_programs]
-    out_heads = kv_heads * n_rep
-    meta["INDEX_64"] = max(_reach(s, lay, t, out_heads) for s, lay, t, empty in tilings if not empty) > _INT32_LIMIT
-    meta["num_warps"] = max(t.num_warps for _, _, t, empty in tilings if not empty)
     return Plan((k_programs + v_programs,), tuple(args), meta)
 
 
@@ -396,26 +425,19 @@ def _reduce_plan(
     n_rep: int,
 ) -> Plan | None:
     """Grid, scalar arguments and meta-parameters of one reduction; ``None``: nothing to sum."""
-    batch, kv_heads = k_shape[0], k_shape[1] // n_rep
-    heads = batch * kv_heads
+    kv_heads = k_shape[1] // n_rep
     args: list[int] = [kv_heads]
-    meta: dict[str, object] = {"N_REP": n_rep, "UNROLL": min(n_rep, launch_settings.REDUCE_UNROLL)}
-    programs = []
-    tilings = []
-    for name, shape, stride, dtype in (("K", k_shape, k_stride, k_dtype), ("V", v_shape, v_stride, v_dtype)):
-        empty = math.prod(shape) == 0
-        layout = _EMPTY_LAYOUT if empty else _layout(shape, stride)
-        tiling = _EMPTY_TILING if empty else reduce_tiling(layout[0], layout[1], dtype.itemsize, heads)
-        args += [*layout, tiling.tiles_r, tiling.tiles_c]
-        meta[f"{name}_BLOCK_R"], meta[f"{name}_BLOCK_C"] = tiling.block_r, tiling.block_c
-        meta[f"{name}_ACC"] = _ACC_DTYPES.get(dtype, tl.float32)
-        programs.append(0 if empty else heads * tiling.tiles_r * tiling.tiles_c)
-        tilings.append((shape, layout, tiling, empty))
-    if programs == [0, 0]:
+    meta: dict[str, object] = {
+        "N_REP": n_rep,
+        "UNROLL": min(n_rep, launch_settings.REDUCE_UNROLL),
+        "K_ACC": _ACC_DTYPES.get(k_dtype, tl.float32),
+        "V_ACC": _ACC_DTYPES.get(v_dtype, tl.float32),
+    }
+    programs = _plan_parts((k_shape, v_shape), (k_stride, v_stride), (k_dtype.itemsize, v_dtype.itemsize),
+                           k_shape[0] * kv_heads, kv_heads, reduce_tiling, args, meta)  # fmt: skip
+    if not any(programs):
         return None
     args.append(programs[0])
-    meta["INDEX_64"] = max(_reach(s, lay, t, kv_heads) for s, lay, t, empty in tilings if not empty) > _INT32_LIMIT
-    meta["num_warps"] = max(t.num_warps for _, _, t, empty in tilings if not empty)
     return Plan((sum(programs),), tuple(args), meta)
 
 
