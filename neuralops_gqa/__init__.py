@@ -4,8 +4,15 @@ Importing this package registers ``torch.ops.neuralops.gqa_expand`` and
 ``torch.ops.neuralops.gqa_reduce`` (its backward); nothing else needs to be called.
 """
 
+import torch
+
 from neuralops_gqa import ops
 from neuralops_gqa.functional import gqa_expand, repeat_kv
+
+if torch.distributed.is_available():
+    from neuralops_gqa import distributed
+
+    distributed.register()
 
 __version__ = "0.1.0"
 
