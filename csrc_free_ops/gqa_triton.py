@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import triton
@@ -269,6 +269,7 @@ def _as_copyable(x: Tensor) -> Tensor:
 _EMPTY_LAYOUT = (0, 0, 0, 0, 0, 0)
 _EMPTY_TILING = Tiling(1, 1, 0, 0, 1)
 
+
 class Plan:
     """One launch's grid, scalar arguments and meta-parameters, plus its compiled kernels.
 
@@ -278,7 +279,7 @@ class Plan:
     binding is most of an eager call's host time on small shapes.
     """
 
-    __slots__ = ("grid", "args", "meta", "compiled")
+    __slots__ = ("args", "compiled", "grid", "meta")
 
     def __init__(self, grid: tuple[int], args: tuple[int, ...], meta: dict[str, object]) -> None:
         self.grid, self.args, self.meta = grid, args, meta
@@ -316,7 +317,10 @@ def _launch(kernel: triton.runtime.JITFunction, plan: Plan, tensors: tuple[Tenso
             compiled = kernel[plan.grid](*tensors, *plan.args, **plan.meta)
         # The interpreter returns no handle; profilers' launch hooks need Triton's own path.
         if compiled is not None and hasattr(compiled, "packed_metadata") and not _launch_hooks_set():
-            plan.compiled[key] = (compiled, [plan.meta[n] for n in kernel.arg_names[len(tensors) + len(plan.args):]])
+            plan.compiled[key] = (
+                compiled,
+                [plan.meta[n] for n in kernel.arg_names[len(tensors) + len(plan.args) :]],
+            )
         return
     if index != torch._C._cuda_getDevice():
         with torch.cuda.device(index):
@@ -329,7 +333,11 @@ def _launch(kernel: triton.runtime.JITFunction, plan: Plan, tensors: tuple[Tenso
 
 
 def _tensor_part(
-    shape: tuple[int, ...], stride: tuple[int, ...], itemsize: int, heads: int, tiling_for: Callable[..., Tiling]
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
+    itemsize: int,
+    heads: int,
+    tiling_for: Callable[..., Tiling],
 ) -> tuple[tuple[int, int, int, int, int, int], Tiling, int]:
     """One tensor's layout, tiling and program count (0 when it has no elements)."""
     if math.prod(shape) == 0:

@@ -36,7 +36,6 @@ REP_MAJOR_MAX_REPS = 16
 REP_MAJOR_MAX_PLANE_BYTES = 4 * 2**20
 
 
-
 class Tiling(NamedTuple):
     block_r: int
     block_c: int
@@ -71,7 +70,11 @@ def rep_split(programs: int, n_rep: int, plane_bytes: int) -> tuple[int, int, bo
     each program stores a chunk of a tile's reps, split further when the tiles alone give
     fewer than ``TARGET_PROGRAMS`` programs (MQA).
     """
-    if n_rep <= REP_MAJOR_MAX_REPS and programs >= TARGET_PROGRAMS and plane_bytes <= REP_MAJOR_MAX_PLANE_BYTES:
+    if (
+        n_rep <= REP_MAJOR_MAX_REPS
+        and programs >= TARGET_PROGRAMS
+        and plane_bytes <= REP_MAJOR_MAX_PLANE_BYTES
+    ):
         return n_rep, 1, True
     chunks = min(n_rep, max(1, triton.cdiv(TARGET_PROGRAMS, max(programs, 1))))
     reps_per_program = triton.cdiv(n_rep, chunks)

@@ -16,9 +16,9 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -91,12 +91,19 @@ def _ours_pair(k: Tensor, v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]:
 
 _compiled_hf_pair = torch.compile(_hf_pair, dynamic=False)
 # One specialised graph per shape: lift the recompile cap so no shape falls back to eager.
-for _name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+for _name in (
+    "recompile_limit",
+    "cache_size_limit",
+    "accumulated_recompile_limit",
+    "accumulated_cache_size_limit",
+):
     if hasattr(torch._dynamo.config, _name):
         setattr(torch._dynamo.config, _name, 256)
 
 
-def make_inputs(shape: Shape, dtype: torch.dtype, device: str, requires_grad: bool = False) -> tuple[Tensor, Tensor]:
+def make_inputs(
+    shape: Shape, dtype: torch.dtype, device: str, requires_grad: bool = False
+) -> tuple[Tensor, Tensor]:
     def one() -> Tensor:
         if shape.bnhd:
             x = torch.randn(shape.batch, shape.seq, shape.kv_heads, shape.dim, device=device, dtype=dtype)
@@ -200,7 +207,9 @@ def _call(provider: Callable[[Tensor, Tensor], object], direction: str, shape: S
     if direction == "forward":
         a, b = make_inputs(shape, dtype, device)
     else:
-        grad_shape = Shape(shape.name, shape.batch, shape.heads, shape.heads, shape.seq, shape.dim, shape.bnhd)
+        grad_shape = Shape(
+            shape.name, shape.batch, shape.heads, shape.heads, shape.seq, shape.dim, shape.bnhd
+        )
         a, b = make_inputs(grad_shape, dtype, device)
     return lambda: provider(a, b)
 
@@ -223,7 +232,9 @@ def host_overhead_us(shape: Shape, dtype: torch.dtype, device: str, calls: int =
         candidates.append(("launcher_only", lambda: gqa_triton.expand_forward(k, v, n_rep)))
         no_v = k.narrow(3, 0, 0)
         kv = k.shape[1]
-        candidates.append(("op_k_with_zero_width_v", lambda: torch.ops.neuralops.gqa_expand(k, no_v, kv, kv * n_rep)))
+        candidates.append(
+            ("op_k_with_zero_width_v", lambda: torch.ops.neuralops.gqa_expand(k, no_v, kv, kv * n_rep))
+        )
         candidates.append(("launcher_k_with_zero_width_v", lambda: gqa_triton.expand_forward(k, no_v, n_rep)))
     # Rounds interleave the candidates so that drift in the host's speed (clocks, other
     # processes) lands on all of them alike; the median round is reported.
@@ -341,7 +352,12 @@ def run(shapes: list[Shape], dtypes: list[torch.dtype], device: str, backward: b
                 )
                 if device == "cuda":
                     torch.cuda.empty_cache()
-    report: dict = {"machine": machine_info(device), "device": device, "ceiling_gbs": ceiling, "results": results}
+    report: dict = {
+        "machine": machine_info(device),
+        "device": device,
+        "ceiling_gbs": ceiling,
+        "results": results,
+    }
     small = next((s for s in shapes if s.name == SMALL), None)
     if small is not None:
         report["host_overhead_us"] = host_overhead_us(small, dtypes[0], device)
@@ -452,6 +468,7 @@ def sweep(shapes: list[Shape], dtype: torch.dtype) -> dict:
     total = sum(len(list(itertools.product(*g.values()))) for g in grids.values())
     progress = Progress(total)
     rows = []
+
     def sets(s: Shape, heads: int) -> list[tuple[Tensor, Tensor]]:
         shape = Shape(s.name, s.batch, heads, heads, s.seq, s.dim, s.bnhd)
         count = _buffer_sets(2 * s.batch * heads * s.seq * s.dim * dtype.itemsize)
@@ -473,13 +490,19 @@ def sweep(shapes: list[Shape], dtype: torch.dtype) -> dict:
                         k, v = inputs[s.name][0]
                         out = gqa_triton.expand_forward(k, v, n_rep)
                         ok = torch.equal(out[1], v.repeat_interleave(n_rep, 1))
-                        calls = [lambda k=k, v=v: gqa_triton.expand_forward(k, v, n_rep) for k, v in inputs[s.name]]
+                        calls = [
+                            lambda k=k, v=v, n_rep=n_rep: gqa_triton.expand_forward(k, v, n_rep)
+                            for k, v in inputs[s.name]
+                        ]
                     else:
                         gk, gv = grads[s.name][0]
                         out = gqa_triton.reduce_backward(gk, gv, n_rep)
                         ref = gv.float().unflatten(1, (s.kv_heads, n_rep)).sum(2)
                         ok = torch.allclose(out[1].float(), ref, rtol=1e-2, atol=1e-2)
-                        calls = [lambda g=g: gqa_triton.reduce_backward(*g, n_rep) for g in grads[s.name]]
+                        calls = [
+                            lambda g=g, n_rep=n_rep: gqa_triton.reduce_backward(*g, n_rep)
+                            for g in grads[s.name]
+                        ]
                     ms = _graph_ms(calls)
                     rows.append({"direction": direction, "shape": s.name, **setting, "ms": ms, "correct": ok})
                     del out

@@ -31,30 +31,33 @@ def _local_call(op: str, names: tuple[str, str], args: tuple[Any, ...]) -> tuple
     """Validate a DTensor call; return the local tensors and the local head counts."""
     a, b, num_kv_heads, num_heads = args
     for name, x in zip(names, (a, b)):
-        torch._check(
-            isinstance(x, DTensor),
-            lambda: f"{op}: {names[0]} and {names[1]} must both be DTensors or both plain tensors, "
-            f"got {type(x).__name__} for {name}",
-        )
+        if not isinstance(x, DTensor):
+            raise RuntimeError(
+                f"{op}: {names[0]} and {names[1]} must both be DTensors or both plain tensors, "
+                f"got {type(x).__name__} for {name}"
+            )
     check_inputs(op, names, a, b, num_kv_heads, num_heads)
     torch._check(
         a.device_mesh == b.device_mesh and a.placements == b.placements,
-        lambda: f"{op}: {names[0]} and {names[1]} must share one device mesh and placements, "
-        f"got {a.placements} and {b.placements}",
+        lambda: (
+            f"{op}: {names[0]} and {names[1]} must share one device mesh and placements, "
+            f"got {a.placements} and {b.placements}"
+        ),
     )
     split = 1
     for mesh_dim, placement in enumerate(a.placements):
-        torch._check(
-            isinstance(placement, (Replicate, Partial)) or (isinstance(placement, Shard) and placement.dim >= -4),
-            lambda: f"{op}: unsupported placement {placement} of {names[0]}",
-        )
-        if isinstance(placement, Shard) and placement.dim % 4 == 1:
-            split *= a.device_mesh.size(mesh_dim)
+        if isinstance(placement, Shard):
+            if placement.dim % 4 == 1:
+                split *= a.device_mesh.size(mesh_dim)
+        elif not isinstance(placement, (Replicate, Partial)):
+            raise ValueError(f"{op}: unsupported placement {placement} of {names[0]}")
     if split > 1:
         torch._check_value(
             num_kv_heads % split == 0,
-            lambda: f"{op}: num_kv_heads ({num_kv_heads}) must be divisible by the {split} ranks that "
-            f"shard the head dim (Shard(1)) of {names[0]}",
+            lambda: (
+                f"{op}: num_kv_heads ({num_kv_heads}) must be divisible by the {split} ranks that "
+                f"shard the head dim (Shard(1)) of {names[0]}"
+            ),
         )
     return a.to_local(), b.to_local(), num_kv_heads // split, num_heads // split
 
@@ -63,7 +66,9 @@ def _wrap(local: Tensor, like: DTensor, heads: int) -> DTensor:
     """A DTensor over ``local`` with ``like``'s mesh and placements and ``heads`` global heads."""
     shape = torch.Size((like.shape[0], heads, like.shape[2], like.shape[3]))
     stride = (heads * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1)
-    return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False, shape=shape, stride=stride)
+    return DTensor.from_local(
+        local, like.device_mesh, like.placements, run_check=False, shape=shape, stride=stride
+    )
 
 
 def _expand_handler(op_call: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[DTensor, DTensor]:
@@ -85,4 +90,3 @@ def register() -> None:
     handlers = DTensor._op_dispatcher._custom_op_handlers
     handlers[torch.ops.neuralops.gqa_expand.default] = _expand_handler
     handlers[torch.ops.neuralops.gqa_reduce.default] = _reduce_handler
-

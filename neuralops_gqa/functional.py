@@ -55,7 +55,11 @@ def repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
     if n_rep < 1:
         raise ValueError(f"repeat_kv: n_rep must be a positive int, got {n_rep}")
     if hidden_states.dim() != 4:
-        raise ValueError(f"repeat_kv: hidden_states must be 4-D [B, H_kv, N, D], got shape {tuple(hidden_states.shape)}")
+        raise ValueError(
+            f"repeat_kv: hidden_states must be 4-D [B, H_kv, N, D], got shape {tuple(hidden_states.shape)}"
+        )
     kv_heads = hidden_states.shape[1]
-    out, _ = torch.ops.neuralops.gqa_expand(hidden_states, hidden_states.narrow(3, 0, 0), kv_heads, kv_heads * n_rep)
+    out, _ = torch.ops.neuralops.gqa_expand(
+        hidden_states, hidden_states.narrow(3, 0, 0), kv_heads, kv_heads * n_rep
+    )
     return out

@@ -65,20 +65,7 @@ def check_inputs(
         ):
             return
     for name, x in zip(names, (a, b)):
-        torch._check_value(
-            x.dim() == 4,
-            lambda: f"{op}: {name} must be 4-D [B, H, N, D], got shape {tuple(x.shape)}",
-        )
-        if reduce:
-            torch._check_value(
-                x.dtype in _REDUCE_DTYPES,
-                lambda: f"{op}: {name} must be float16, bfloat16, float32 or float64, got {x.dtype}",
-            )
-        else:
-            torch._check_value(
-                not x.dtype.is_complex,
-                lambda: f"{op}: {name} must have a real dtype, got {x.dtype}",
-            )
+        _check_tensor(op, name, x, reduce)
     torch._check(
         a.device == b.device,
         lambda: f"{op}: {names[0]} and {names[1]} must be on one device, got {a.device} and {b.device}",
@@ -95,11 +82,32 @@ def check_inputs(
         lambda: f"{op}: {names[0]}.shape[1] ({a.shape[1]}) must equal {head_arg} ({heads})",
     )
     for dim, what in ((0, "batch"), (1, "head"), (2, "sequence")):
+        _check_same_dim(op, names, a, b, dim, what)
+
+
+def _check_tensor(op: str, name: str, x: Tensor, reduce: bool) -> None:
+    torch._check_value(
+        x.dim() == 4, lambda: f"{op}: {name} must be 4-D [B, H, N, D], got shape {tuple(x.shape)}"
+    )
+    if reduce:
         torch._check_value(
-            a.shape[dim] == b.shape[dim],
-            lambda: f"{op}: {names[0]} and {names[1]} must agree in the {what} dim {dim}, "
-            f"got {names[0]} {tuple(a.shape)} and {names[1]} {tuple(b.shape)}",
+            x.dtype in _REDUCE_DTYPES,
+            lambda: f"{op}: {name} must be float16, bfloat16, float32 or float64, got {x.dtype}",
         )
+    else:
+        torch._check_value(
+            not x.dtype.is_complex, lambda: f"{op}: {name} must have a real dtype, got {x.dtype}"
+        )
+
+
+def _check_same_dim(op: str, names: tuple[str, str], a: Tensor, b: Tensor, dim: int, what: str) -> None:
+    torch._check_value(
+        a.shape[dim] == b.shape[dim],
+        lambda: (
+            f"{op}: {names[0]} and {names[1]} must agree in the {what} dim {dim}, "
+            f"got {names[0]} {tuple(a.shape)} and {names[1]} {tuple(b.shape)}"
+        ),
+    )
 
 
 # --- backend choice: read on every call, so tests and users can switch at run time ----
@@ -126,8 +134,10 @@ def _use_triton(x: Tensor) -> bool:
     if backend == "triton":
         torch._check(
             x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1",
-            lambda: f"{BACKEND_ENV}=triton on a {x.device.type} tensor needs TRITON_INTERPRET=1 "
-            "(the Triton interpreter) set before neuralops_gqa runs its first kernel",
+            lambda: (
+                f"{BACKEND_ENV}=triton on a {x.device.type} tensor needs TRITON_INTERPRET=1 "
+                "(the Triton interpreter) set before neuralops_gqa runs its first kernel"
+            ),
         )
         return True
     raise ValueError(f"{BACKEND_ENV} must be one of {', '.join(_BACKENDS)}, got {backend!r}")

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, settings
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import neuralops_gqa  # noqa: E402  (registers the ops after the interpreter choice)
-from neuralops_gqa.ops import BACKEND_ENV  # noqa: E402
+import neuralops_gqa
+from neuralops_gqa.ops import BACKEND_ENV
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

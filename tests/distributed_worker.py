@@ -126,7 +126,10 @@ def test_2d_mesh(device: str) -> None:
     check(torch.equal(ko.full_tensor(), k.repeat_interleave(4, 1)), "2-D mesh: values")
     g = torch.randn(4, 8 * world, 6, 8, generator=gen).to(device)
     (ko * distribute_tensor(g, mesh, [Shard(0), Shard(1)])).sum().backward()
-    check(torch.allclose(kd.grad.full_tensor(), g.unflatten(1, (2 * world, 4)).sum(2), atol=1e-5), "2-D mesh: grad")
+    check(
+        torch.allclose(kd.grad.full_tensor(), g.unflatten(1, (2 * world, 4)).sum(2), atol=1e-5),
+        "2-D mesh: grad",
+    )
 
 
 class Attention(nn.Module):
@@ -166,7 +169,9 @@ def test_tensor_parallel_block(device: str) -> None:
     x = torch.randn(2, 7, 16 * world, generator=torch.Generator().manual_seed(4)).to(device)
     out_ref = ref(x)
     out_tp = tp(x)
-    check(tp.expanded == (DTensor, (Shard(1),)), f"TP block expanded {tp.expanded}, not head-sharded DTensors")
+    check(
+        tp.expanded == (DTensor, (Shard(1),)), f"TP block expanded {tp.expanded}, not head-sharded DTensors"
+    )
     check(torch.allclose(out_tp, out_ref, atol=1e-5), "TP block output")
     g = torch.randn_like(out_ref)
     out_ref.backward(g)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -46,7 +47,9 @@ def test_eager(backend: str, op: Any, make_args: Callable[[], tuple], message: s
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("op", "make_args", "message"), [b[1:] for b in BAD[:4]], ids=[b[0] for b in BAD[:4]])
+@pytest.mark.parametrize(
+    ("op", "make_args", "message"), [b[1:] for b in BAD[:4]], ids=[b[0] for b in BAD[:4]]
+)
 def test_compiled(op: Any, make_args: Callable[[], tuple], message: str) -> None:
     """The fake implementation checks the same things, so tracing fails with the same words."""
     torch._dynamo.reset()
@@ -91,7 +94,12 @@ def _bad_calls(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     rank_v = draw(st.sampled_from([4, 4, 4, 3, 5]))
     kv = draw(st.integers(-2, 5))
     heads = draw(st.integers(-4, 20))
-    shape = [draw(st.integers(0, 3)), draw(st.integers(1, 5)), draw(st.integers(0, 4)), draw(st.integers(1, 8))]
+    shape = [
+        draw(st.integers(0, 3)),
+        draw(st.integers(1, 5)),
+        draw(st.integers(0, 4)),
+        draw(st.integers(1, 8)),
+    ]
     shape_v = list(shape)
     if draw(st.booleans()):
         shape_v[draw(st.integers(0, 2))] += draw(st.integers(1, 2))
@@ -121,6 +129,7 @@ def test_fuzz_bad_inputs(backend: str, call: tuple[torch.Tensor, torch.Tensor, i
     if _is_valid(k, v, kv, heads):
         k_out, v_out = EXPAND(k, v, kv, heads)
         assert k_out.shape == (k.shape[0], heads, k.shape[2], k.shape[3])
+        assert v_out.shape == (v.shape[0], heads, v.shape[2], v.shape[3])
         return
-    with pytest.raises((ValueError, RuntimeError), match="gqa_expand: (k|v|num_heads|num_kv_heads)"):
+    with pytest.raises((ValueError, RuntimeError), match=r"gqa_expand: (k|v|num_heads|num_kv_heads)"):
         EXPAND(k, v, kv, heads)

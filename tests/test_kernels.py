@@ -40,7 +40,9 @@ def test_index_64_chosen_only_past_int32() -> None:
 
 
 def test_empty_plans_launch_nothing() -> None:
-    assert gqa_triton._expand_plan((0, 2, 5, 8), (80, 40, 8, 1), 4, (0, 2, 5, 8), (80, 40, 8, 1), 4, 3) is None
+    assert (
+        gqa_triton._expand_plan((0, 2, 5, 8), (80, 40, 8, 1), 4, (0, 2, 5, 8), (80, 40, 8, 1), 4, 3) is None
+    )
     assert gqa_triton._reduce_plan((2, 6, 0, 8), (0, 0, 8, 1), torch.float32,
                                    (2, 6, 0, 8), (0, 0, 8, 1), torch.float32, 3) is None  # fmt: skip
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -26,7 +26,9 @@ class GQAttention(nn.Module):
     """Eager grouped-query attention as Llama/Mistral/Qwen2 write it (no RoPE), with a
     pluggable ``repeat_kv``."""
 
-    def __init__(self, hidden: int, heads: int, kv_heads: int, repeat_kv: Callable[[Tensor, int], Tensor]) -> None:
+    def __init__(
+        self, hidden: int, heads: int, kv_heads: int, repeat_kv: Callable[[Tensor, int], Tensor]
+    ) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.dim = heads, kv_heads, hidden // heads
         self.q_proj = nn.Linear(hidden, heads * self.dim, bias=False)

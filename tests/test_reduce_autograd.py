@@ -128,8 +128,12 @@ def test_double_backward_matches_repeat_interleave(backend: str, device: str) ->
 @given(case=grad_cases())
 def test_fuzz_reduce(backend: str, device: str, case: Case) -> None:
     heads = case.num_heads
-    gk = make_tensor((case.batch, heads, case.seq, case.dim_k), case.dtype_k, case.layout_k, device, case.seed)
-    gv = make_tensor((case.batch, heads, case.seq, case.dim_v), case.dtype_v, case.layout_v, device, case.seed + 1)
+    gk = make_tensor(
+        (case.batch, heads, case.seq, case.dim_k), case.dtype_k, case.layout_k, device, case.seed
+    )
+    gv = make_tensor(
+        (case.batch, heads, case.seq, case.dim_v), case.dtype_v, case.layout_v, device, case.seed + 1
+    )
     out_k, out_v = _reduce(gk, gv, case.n_rep)
     assert_reduce_close(out_k, gk, case.kv_heads)
     assert_reduce_close(out_v, gv, case.kv_heads)
