@@ -253,3 +253,26 @@ def _reduce_backward(ctx, grad_k, grad_v):  # type: ignore[no-untyped-def]
 
 gqa_expand.register_autograd(_expand_backward, setup_context=_setup_context)
 gqa_reduce.register_autograd(_reduce_backward, setup_context=_setup_context)
+
+
+# vmap: the vmapped dim folds into the batch dim, one launch for the whole batch (instead
+# of PyTorch's per-sample loop). An input that is not vmapped is broadcast to the batch.
+def _fold_batch(x: Tensor, dim: int | None, size: int) -> Tensor:
+    x = x.movedim(dim, 0) if dim is not None else x.expand(size, *x.shape)
+    return x.flatten(0, 1)
+
+
+def _vmap_rule(op: torch._library.custom_ops.CustomOpDef):  # type: ignore[no-untyped-def]
+    def rule(info, in_dims, a, b, num_kv_heads, num_heads):  # type: ignore[no-untyped-def]
+        size = info.batch_size
+        out_a, out_b = op(
+            _fold_batch(a, in_dims[0], size), _fold_batch(b, in_dims[1], size), num_kv_heads, num_heads
+        )
+        batch = out_a.shape[0] // size
+        return (out_a.unflatten(0, (size, batch)), out_b.unflatten(0, (size, batch))), (0, 0)
+
+    return rule
+
+
+gqa_expand.register_vmap(_vmap_rule(gqa_expand))
+gqa_reduce.register_vmap(_vmap_rule(gqa_reduce))
