@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
 from helpers import assert_bitwise_equal, assert_reduce_close
+from neuralops_gqa import ops
+
+
+@pytest.fixture
+def op_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, torch.Size]]:
+    """Each real call of either op, with its first input's shape: one call per vmap means the
+    batching rule ran; one call per sample would mean PyTorch's fallback loop."""
+    calls: list[tuple[str, torch.Size]] = []
+    check = ops.check_inputs
+
+    def recording_check(op, names, a, b, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append((op, a.shape))
+        return check(op, names, a, b, *args, **kwargs)
+
+    monkeypatch.setattr(ops, "check_inputs", recording_check)
+    return calls
 
 
 def _randn(*shape: int, device: str, seed: int = 0) -> torch.Tensor:
@@ -15,25 +29,24 @@ def _randn(*shape: int, device: str, seed: int = 0) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("in_dims", [(0, 0), (0, None), (None, 1), (2, 0)], ids=str)
-def test_vmap_expand(backend: str, device: str, in_dims: tuple[int | None, int | None]) -> None:
+def test_vmap_expand(
+    backend: str, device: str, in_dims: tuple[int | None, int | None], op_calls: list[tuple[str, torch.Size]]
+) -> None:
     k, v = _randn(5, 2, 2, 3, 4, device=device), _randn(2, 5, 2, 3, 6, device=device, seed=1)
     k = k.movedim(0, in_dims[0]) if in_dims[0] is not None else k[0]
     v = v.movedim(1, in_dims[1]) if in_dims[1] is not None else v[:, 0]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # PyTorch's per-sample fallback warns; the rule must not need it
-        out_k, out_v = torch.vmap(lambda k, v: torch.ops.neuralops.gqa_expand(k, v, 2, 6), in_dims=in_dims)(
-            k, v
-        )
+    expand = torch.vmap(lambda k, v: torch.ops.neuralops.gqa_expand(k, v, 2, 6), in_dims=in_dims)
+    out_k, out_v = expand(k, v)
+    assert op_calls == [("gqa_expand", torch.Size([10, 2, 3, 4]))]
     for out, x, dim in ((out_k, k, in_dims[0]), (out_v, v, in_dims[1])):
         per_sample = x.movedim(dim, 0) if dim is not None else x.expand(5, *x.shape)
         assert_bitwise_equal(out, per_sample.repeat_interleave(3, dim=2))
 
 
-def test_vmap_reduce(backend: str, device: str) -> None:
+def test_vmap_reduce(backend: str, device: str, op_calls: list[tuple[str, torch.Size]]) -> None:
     g = _randn(4, 2, 6, 3, 8, device=device)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        out, _ = torch.vmap(lambda g: torch.ops.neuralops.gqa_reduce(g, g, 2, 6))(g)
+    out, _ = torch.vmap(lambda g: torch.ops.neuralops.gqa_reduce(g, g, 2, 6))(g)
+    assert op_calls == [("gqa_reduce", torch.Size([8, 6, 3, 8]))]
     for i in range(4):
         assert_reduce_close(out[i], g[i], 2)
 
