@@ -99,6 +99,10 @@ def test_export_save_load_fresh_process(backend: str, device: str, tmp_path: Pat
     q, k, v = (x.detach() for x in _qkv(3, 20, device, seed=3))
     ep = torch.export.export(_Block(), (q, k, v), dynamic_shapes=(dims, dims, dims))
     assert "neuralops.gqa_expand.default" in str(ep.graph)
+    # Decomposing to the core ATen set keeps the op whole: it has no decomposition to leak.
+    decomposed = ep.run_decompositions()
+    nodes = [n for n in decomposed.graph.nodes if n.target is torch.ops.neuralops.gqa_expand.default]
+    assert len(nodes) == 1
     path = tmp_path / "block.pt2"
     torch.export.save(ep, path)
     result = subprocess.run(
