@@ -1,7 +1,8 @@
-"""Run by ``tests/test_distributed.py`` under ``torch.distributed.run``: DTensor checks on every rank.
+"""Run by ``tests/test_distributed.py``, one process per rank: DTensor checks on every rank.
 
-Usage: ``python -m torch.distributed.run --nproc-per-node N tests/distributed_worker.py BACKEND``.
-Any failed check raises, which fails the launch; rank 0 prints ``ok N checks`` at the end.
+Usage: ``python tests/distributed_worker.py BACKEND RANK WORLD_SIZE STORE_FILE``. The ranks
+meet through a file store (no ports to race for). Any failed check raises, which fails
+that rank's process; rank 0 prints ``ok N checks`` at the end.
 """
 
 from __future__ import annotations
@@ -183,9 +184,9 @@ def test_tensor_parallel_block(device: str) -> None:
 
 
 def main() -> None:
-    backend = sys.argv[1]
+    backend, rank, world, store = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     device = "cuda" if backend == "nccl" else "cpu"
-    dist.init_process_group(backend)
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
     if device == "cuda":
         torch.cuda.set_device(dist.get_rank())
     mesh = init_device_mesh(device, (dist.get_world_size(),))

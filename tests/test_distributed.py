@@ -1,7 +1,7 @@
 """DTensor placements, backward, a 2-D mesh and a tensor-parallel block, on 2 and 4 ranks.
 
-Each case launches ``tests/distributed_worker.py`` under ``torch.distributed.run``: gloo on
-the CPU (so CI runs it), NCCL where a machine has the GPUs for it.
+Each case starts one ``tests/distributed_worker.py`` process per rank: gloo on the CPU (so
+CI runs it), NCCL where a machine has the GPUs for it.
 """
 
 from __future__ import annotations
@@ -20,26 +20,30 @@ WORKER = Path(__file__).with_name("distributed_worker.py")
 
 
 @pytest.mark.parametrize(("comm", "ranks"), [("gloo", 2), ("gloo", 4), ("nccl", 2)], ids=lambda x: str(x))
-def test_dtensor(backend: str, comm: str, ranks: int) -> None:
+def test_dtensor(backend: str, comm: str, ranks: int, tmp_path: Path) -> None:
     if not torch.distributed.is_available():
         pytest.skip("this torch build has no torch.distributed")
     if comm == "nccl" and torch.cuda.device_count() < ranks:
         pytest.skip(f"NCCL needs {ranks} CUDA devices, this machine has {torch.cuda.device_count()}")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={ranks}",
-            str(WORKER),
-            comm,
-        ],
-        capture_output=True,
-        check=False,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    assert "ok " in result.stdout and " checks" in result.stdout, result.stdout[-2000:]
+    store = tmp_path / "store"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), comm, str(rank), str(ranks), str(store)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for rank in range(ranks)
+    ]
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=600)[0])
+    finally:
+        for proc in procs:
+            proc.kill()
+    for rank, (proc, out) in enumerate(zip(procs, outputs)):
+        assert proc.returncode == 0, f"rank {rank} exited {proc.returncode}:\n{out[-4000:]}"
+    assert "ok " in outputs[0] and " checks" in outputs[0], outputs[0][-2000:]
