@@ -11,14 +11,13 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import neuralops_gqa
+from helpers import Expand, GQAttention
 
 EXPAND = torch.ops.neuralops.gqa_expand
 REDUCE = torch.ops.neuralops.gqa_reduce
@@ -133,36 +132,25 @@ def test_2d_mesh(device: str) -> None:
     )
 
 
-class Attention(nn.Module):
-    """A Llama-style attention block (no RoPE) using the op on whatever tensors it gets."""
+def _recording_expand(seen: list[object]) -> Expand:
+    """The op with global head counts; records what it was given (DTensor placements)."""
 
-    def __init__(self, hidden: int, heads: int, kv_heads: int) -> None:
-        super().__init__()
-        self.heads, self.kv_heads, self.dim = heads, kv_heads, hidden // heads
-        self.q_proj = nn.Linear(hidden, heads * self.dim, bias=False)
-        self.k_proj = nn.Linear(hidden, kv_heads * self.dim, bias=False)
-        self.v_proj = nn.Linear(hidden, kv_heads * self.dim, bias=False)
-        self.o_proj = nn.Linear(heads * self.dim, hidden, bias=False)
+    def expand(
+        k: torch.Tensor, v: torch.Tensor, kv_heads: int, heads: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        seen.append((type(k), getattr(k, "placements", None)))
+        return EXPAND(k, v, kv_heads, heads)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, self.heads, self.dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, n, self.kv_heads, self.dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, n, self.kv_heads, self.dim).transpose(1, 2)
-        # Global head counts: on DTensors sharded by head the op finds each rank's share.
-        self.expanded = type(k), getattr(k, "placements", None)
-        k, v = EXPAND(k, v, self.kv_heads, self.heads)
-        # Plain matmul attention (no mask): DTensor shards it by head on every backend.
-        out = F.softmax(q @ k.transpose(2, 3) / self.dim**0.5, dim=-1) @ v
-        return self.o_proj(out.transpose(1, 2).reshape(b, n, self.heads * self.dim))
+    return expand
 
 
 def test_tensor_parallel_block(device: str) -> None:
     world = dist.get_world_size()
     mesh = init_device_mesh(device, (world,))
     torch.manual_seed(3)
-    ref = Attention(16 * world, 4 * world, 2 * world).to(device)
-    tp = Attention(16 * world, 4 * world, 2 * world).to(device)
+    seen: list[object] = []
+    ref = GQAttention(16 * world, 4 * world, 2 * world, EXPAND).to(device)
+    tp = GQAttention(16 * world, 4 * world, 2 * world, _recording_expand(seen)).to(device)
     tp.load_state_dict(ref.state_dict())
     colwise = ColwiseParallel(use_local_output=False)
     parallelize_module(tp, mesh, {"q_proj": colwise, "k_proj": colwise, "v_proj": colwise,
@@ -170,9 +158,7 @@ def test_tensor_parallel_block(device: str) -> None:
     x = torch.randn(2, 7, 16 * world, generator=torch.Generator().manual_seed(4)).to(device)
     out_ref = ref(x)
     out_tp = tp(x)
-    check(
-        tp.expanded == (DTensor, (Shard(1),)), f"TP block expanded {tp.expanded}, not head-sharded DTensors"
-    )
+    check(seen == [(DTensor, (Shard(1),))], f"TP block expanded {seen}, not head-sharded DTensors")
     check(torch.allclose(out_tp, out_ref, atol=1e-5), "TP block output")
     g = torch.randn_like(out_ref)
     out_ref.backward(g)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 FORWARD_DTYPES = (
@@ -126,3 +130,33 @@ def assert_reduce_close(actual: Tensor, grad: Tensor, num_kv_heads: int, op_outp
         rtol=torch.finfo(grad.dtype).eps,
         atol=2 * n_rep * acc_eps * scale + 1e-300,
     )
+
+
+Expand = Callable[[Tensor, Tensor, int, int], tuple[Tensor, Tensor]]
+
+
+class GQAttention(nn.Module):
+    """Grouped-query attention as Llama/Mistral/Qwen2 write it (no RoPE), with the KV
+    expansion pluggable: ``expand(k, v, kv_heads, heads) -> (k, v)``."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, expand: Expand) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.dim = heads, kv_heads, hidden // heads
+        self.q_proj = nn.Linear(hidden, heads * self.dim, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_heads * self.dim, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_heads * self.dim, bias=False)
+        self.o_proj = nn.Linear(heads * self.dim, hidden, bias=False)
+        self.expand = expand
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        b, n, _ = x.shape
+        q = self.q_proj(x).view(b, n, self.heads, self.dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, n, self.kv_heads, self.dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, self.kv_heads, self.dim).transpose(1, 2)
+        k, v = self.expand(k, v, self.kv_heads, self.heads)
+        scores = q @ k.transpose(2, 3) / math.sqrt(self.dim)
+        if mask is not None:
+            scores = scores + mask
+        # Plain matmul attention: the eager formulation, and one DTensor shards by head.
+        out = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, self.heads * self.dim))

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 import neuralops_gqa
+from helpers import Expand, GQAttention
 
 
 def hf_style_repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
@@ -22,38 +21,15 @@ def hf_style_repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
     return expanded.reshape(batch, kv_heads * n_rep, seq, dim)
 
 
-class GQAttention(nn.Module):
-    """Eager grouped-query attention as Llama/Mistral/Qwen2 write it (no RoPE), with a
-    pluggable ``repeat_kv``."""
-
-    def __init__(
-        self, hidden: int, heads: int, kv_heads: int, repeat_kv: Callable[[Tensor, int], Tensor]
-    ) -> None:
-        super().__init__()
-        self.heads, self.kv_heads, self.dim = heads, kv_heads, hidden // heads
-        self.q_proj = nn.Linear(hidden, heads * self.dim, bias=False)
-        self.k_proj = nn.Linear(hidden, kv_heads * self.dim, bias=False)
-        self.v_proj = nn.Linear(hidden, kv_heads * self.dim, bias=False)
-        self.o_proj = nn.Linear(heads * self.dim, hidden, bias=False)
-        self.repeat_kv = repeat_kv
-
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, self.heads, self.dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, n, self.kv_heads, self.dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, n, self.kv_heads, self.dim).transpose(1, 2)
-        n_rep = self.heads // self.kv_heads
-        k, v = self.repeat_kv(k, n_rep), self.repeat_kv(v, n_rep)
-        scores = q @ k.transpose(2, 3) / math.sqrt(self.dim) + mask
-        out = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
-        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+def _pair(repeat_kv: Callable[[Tensor, int], Tensor]) -> Expand:
+    return lambda k, v, kv_heads, heads: (repeat_kv(k, heads // kv_heads), repeat_kv(v, heads // kv_heads))
 
 
 @pytest.mark.parametrize(("heads", "kv_heads"), [(8, 2), (8, 1), (4, 4)], ids=["gqa", "mqa", "mha"])
 def test_swapped_repeat_kv_matches(backend: str, device: str, heads: int, kv_heads: int) -> None:
     torch.manual_seed(0)
-    ref = GQAttention(64, heads, kv_heads, hf_style_repeat_kv).to(device)
-    ours = GQAttention(64, heads, kv_heads, neuralops_gqa.repeat_kv).to(device)
+    ref = GQAttention(64, heads, kv_heads, _pair(hf_style_repeat_kv)).to(device)
+    ours = GQAttention(64, heads, kv_heads, _pair(neuralops_gqa.repeat_kv)).to(device)
     ours.load_state_dict(ref.state_dict())
     x = torch.randn(2, 11, 64, device=device)
     # A causal mask with left padding on the first sequence.
