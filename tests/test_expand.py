@@ -140,3 +140,23 @@ def test_fuzz_forward(backend: str, device: str, case: Case) -> None:
         (case.batch, case.kv_heads, case.seq, case.dim_v), case.dtype_v, case.layout_v, device, case.seed + 1
     )
     _check(k, v, case.n_rep)
+
+
+@pytest.mark.parametrize("layout", ["window", "bnhd-window"])
+def test_reads_stay_inside_the_view(backend: str, device: str, layout: str) -> None:
+    """A view into a larger buffer full of guard values: no guard may reach the output."""
+    guard = -12345.0
+    buf = torch.full((3, 6, 40, 100), guard, device=device)
+    if layout == "window":  # a KV-cache window: heads 1..4, positions 5..27, dims 10..89
+        view = buf[:, 1:5, 5:28, 10:90]
+    else:  # the same window of a [B, N, H, D] buffer, transposed
+        view = buf.permute(0, 2, 1, 3)[:, 5:28, 1:5, 10:90].transpose(1, 2)
+    view.copy_(torch.randn(view.shape, generator=torch.Generator().manual_seed(0)).to(device))
+    k_out, v_out = torch.ops.neuralops.gqa_expand(view, view, 4, 12)
+    assert not (k_out == guard).any() and not (v_out == guard).any()
+    assert_bitwise_equal(k_out, expand_oracle(view, 3))
+    grad = torch.full((3, 20, 40, 100), guard, device=device)
+    grad_view = grad[:, 4:16, 5:28, 10:90]
+    grad_view.copy_(torch.randn(grad_view.shape, generator=torch.Generator().manual_seed(1)).to(device))
+    gk, _ = torch.ops.neuralops.gqa_reduce(grad_view, grad_view, 4, 12)
+    assert (gk.abs() < 1000).all()
