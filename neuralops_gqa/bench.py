@@ -64,7 +64,6 @@ CPU_SHAPES = [
     Shape("small", 1, 8, 32, 512, 128),
 ]
 SMALL = "small"
-THRESHOLD_BYTES = 64 * 2**20
 
 
 def hf_repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
@@ -115,11 +114,11 @@ def make_inputs(
     return one(), one()
 
 
-def _median_ms(fn: Fn, device: str, rep_ms: int = 100) -> float:
+def _median_ms(fn: Fn, device: str) -> float:
     if device == "cuda":
         import triton.testing
 
-        return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
     fn()
     times = []
     deadline = time.perf_counter() + 0.5
@@ -429,10 +428,6 @@ def plot(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def print_table(report: dict) -> None:
-    print(to_markdown(report))
-
-
 SWEEP_FORWARD = {
     "TILE_BYTES": (4096, 8192),
     "BYTES_PER_WARP": (1024, 2048),
@@ -550,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         plot(report, args.out / "bench.png")
     except ImportError:
         print("matplotlib is not installed: no plot (pip install 'neuralops-gqa[bench]')", file=sys.stderr)
-    print_table(report)
+    print(to_markdown(report))
     print(f"wrote {args.out}/bench.json, bench.md, bench.png")
     return 0
 
