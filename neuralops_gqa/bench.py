@@ -235,8 +235,13 @@ def host_overhead_us(shape: Shape, dtype: torch.dtype, device: str, calls: int =
             ("op_k_with_zero_width_v", lambda: torch.ops.neuralops.gqa_expand(k, no_v, kv, kv * n_rep))
         )
         candidates.append(("launcher_k_with_zero_width_v", lambda: gqa_triton.expand_forward(k, no_v, n_rep)))
-    # Rounds interleave the candidates so that drift in the host's speed (clocks, other
-    # processes) lands on all of them alike; the median round is reported.
+    return _interleaved_us(candidates, device, calls)
+
+
+def _interleaved_us(candidates: list[tuple[str, Fn]], device: str, calls: int) -> dict[str, float]:
+    """Median wall-clock microseconds per call of each candidate. Rounds interleave the
+    candidates so that drift in the host's speed (clocks, other processes) lands on all of
+    them alike; the median round is reported."""
     samples: dict[str, list[float]] = {name: [] for name, _ in candidates}
     for _, fn in candidates:
         for _ in range(50):
@@ -251,8 +256,30 @@ def host_overhead_us(shape: Shape, dtype: torch.dtype, device: str, calls: int =
             if device == "cuda":
                 torch.cuda.synchronize()
             samples[name].append((time.perf_counter() - start) / calls * 1e6)
-    out = {name: statistics.median(vals) for name, vals in samples.items()}
-    return out
+    return {name: statistics.median(vals) for name, vals in samples.items()}
+
+
+def compiled_overhead_us(shape: Shape, dtype: torch.dtype, device: str, calls: int = 500) -> dict[str, float]:
+    """Wall-clock microseconds per call of the op inside a ``torch.compile`` graph (both
+    tensors), in ``default`` and ``reduce-overhead`` (CUDA graphs) mode, next to the
+    compiled ``repeat_kv`` peer in the same modes."""
+    k, v = make_inputs(shape, dtype, device)
+    n_rep = shape.n_rep
+    candidates: list[tuple[str, Fn]] = []
+    modes = ["default", "reduce-overhead"] if device == "cuda" else ["default"]
+    for mode in modes:
+        for name, fn in (("neuralops", _ours_pair), ("hf", _hf_pair)):
+            compiled = torch.compile(fn, mode=mode, fullgraph=True)
+            if mode == "reduce-overhead":
+
+                def call(compiled: Callable[..., object] = compiled) -> None:
+                    torch.compiler.cudagraph_mark_step_begin()
+                    compiled(k, v, n_rep)
+
+                candidates.append((f"{name}_{mode}", call))
+            else:
+                candidates.append((f"{name}_{mode}", lambda compiled=compiled: compiled(k, v, n_rep)))
+    return _interleaved_us(candidates, device, calls)
 
 
 def peak_memory_ratio(shape: Shape, dtype: torch.dtype) -> dict[str, float]:
@@ -360,6 +387,7 @@ def run(shapes: list[Shape], dtypes: list[torch.dtype], device: str, backward: b
     small = next((s for s in shapes if s.name == SMALL), None)
     if small is not None:
         report["host_overhead_us"] = host_overhead_us(small, dtypes[0], device)
+        report["compiled_overhead_us"] = compiled_overhead_us(small, dtypes[0], device)
     if device == "cuda":
         report["peak_memory_ratio"] = {s.name: peak_memory_ratio(s, dtypes[0]) for s in shapes[:1]}
     return report
@@ -391,6 +419,13 @@ def to_markdown(report: dict) -> str:
         h = report["host_overhead_us"]
         lines += ["", f"Eager call, small shape, both tensors: neuralops {h['neuralops']:.1f} us, "
                   f"HF eager repeat_kv {h['hf_eager']:.1f} us per call."]  # fmt: skip
+    if "compiled_overhead_us" in report:
+        c = report["compiled_overhead_us"]
+        lines.append(
+            "Inside torch.compile, small shape, us per call: "
+            + ", ".join(f"{k} {t:.1f}" for k, t in c.items())
+            + "."
+        )
     if "peak_memory_ratio" in report:
         for name, r in report["peak_memory_ratio"].items():
             lines.append(

@@ -47,6 +47,9 @@ def check_inputs(
     and returns if it passes: the eager call is a hot path.
     """
     reduce = op == "gqa_reduce"
+    for name, x in zip(names, (a, b)):
+        if not isinstance(x, Tensor):  # the schema lets None through as an undefined tensor
+            raise TypeError(f"{op}: {name} must be a Tensor, got {type(x).__name__}")
     if concrete:
         shape_a, shape_b = a.shape, b.shape
         if (
@@ -321,6 +324,8 @@ def _autograd_kernel(impl, custom_op):  # type: ignore[no-untyped-def]
         return tuple(forward_ad.make_dual(o, t) for o, t in zip(out, tangents))
 
     def autograd_kernel(keyset, a, b, num_kv_heads, num_heads):  # type: ignore[no-untyped-def]
+        if a is None or b is None:  # the implementation raises the error that names it
+            return impl(a, b, num_kv_heads, num_heads)
         if forward_ad._current_level >= 0:
             out = with_tangents(keyset, a, b, num_kv_heads, num_heads)
             if out is not None:

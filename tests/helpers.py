@@ -137,10 +137,13 @@ Expand = Callable[[Tensor, Tensor, int, int], tuple[Tensor, Tensor]]
 
 class GQAttention(nn.Module):
     """Grouped-query attention as Llama/Mistral/Qwen2 write it (no RoPE), with the KV
-    expansion pluggable: ``expand(k, v, kv_heads, heads) -> (k, v)``."""
+    expansion pluggable: ``expand(k, v, kv_heads, heads) -> (k, v)``. ``sdpa=True`` attends
+    with ``scaled_dot_product_attention`` (causal when no mask is given) instead of the
+    eager matmul/softmax formulation."""
 
-    def __init__(self, hidden: int, heads: int, kv_heads: int, expand: Expand) -> None:
+    def __init__(self, hidden: int, heads: int, kv_heads: int, expand: Expand, sdpa: bool = False) -> None:
         super().__init__()
+        self.sdpa = sdpa
         self.heads, self.kv_heads, self.dim = heads, kv_heads, hidden // heads
         self.q_proj = nn.Linear(hidden, heads * self.dim, bias=False)
         self.k_proj = nn.Linear(hidden, kv_heads * self.dim, bias=False)
@@ -154,9 +157,22 @@ class GQAttention(nn.Module):
         k = self.k_proj(x).view(b, n, self.kv_heads, self.dim).transpose(1, 2)
         v = self.v_proj(x).view(b, n, self.kv_heads, self.dim).transpose(1, 2)
         k, v = self.expand(k, v, self.kv_heads, self.heads)
+        if self.sdpa:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+            return self.o_proj(out.transpose(1, 2).reshape(b, n, self.heads * self.dim))
         scores = q @ k.transpose(2, 3) / math.sqrt(self.dim)
         if mask is not None:
             scores = scores + mask
         # Plain matmul attention: the eager formulation, and one DTensor shards by head.
         out = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
         return self.o_proj(out.transpose(1, 2).reshape(b, n, self.heads * self.dim))
+
+
+def op_expand(k: Tensor, v: Tensor, kv_heads: int, heads: int) -> tuple[Tensor, Tensor]:
+    """The registered op as a block's KV expansion."""
+    return torch.ops.neuralops.gqa_expand(k, v, kv_heads, heads)  # type: ignore[no-any-return]
+
+
+def interleave_expand(k: Tensor, v: Tensor, kv_heads: int, heads: int) -> tuple[Tensor, Tensor]:
+    """The reference expansion: ``repeat_interleave`` on the head dim."""
+    return k.repeat_interleave(heads // kv_heads, 1), v.repeat_interleave(heads // kv_heads, 1)

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._dynamo.utils import counters
 from torch.library import opcheck
 
-from helpers import make_tensor
+from helpers import Expand, GQAttention, make_tensor, op_expand
 
 pytestmark = pytest.mark.slow
 
@@ -68,36 +69,100 @@ def test_compile_dynamic_fullgraph(backend: str, device: str) -> None:
             torch.testing.assert_close(g, r)
 
 
+def _block(device: str, expand: Expand = op_expand) -> GQAttention:
+    torch.manual_seed(0)
+    return GQAttention(64, 8, 2, expand, sdpa=True).to(device)
+
+
+def _step(block: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Forward and the gradients of every parameter and of the input."""
+    out = block(x)
+    grads = torch.autograd.grad(out.square().sum(), [x, *block.parameters()])
+    return out, list(grads)
+
+
+def test_block_has_no_graph_breaks(device: str) -> None:
+    torch._dynamo.reset()
+    x = torch.randn(2, 9, 64, device=device)
+    explanation = torch._dynamo.explain(_block(device))(x)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune-no-cudagraphs"])
+def test_compiled_block(device: str, mode: str, dynamic: bool) -> None:
+    """A Llama-style block (projections, the op, SDPA, output projection) in each compile
+    mode: outputs and every gradient equal to eager, and under ``dynamic=True`` no
+    recompilation when batch and sequence length change. ``reduce-overhead`` records CUDA
+    graphs on a GPU (none may be skipped); on a CPU it compiles like ``default``."""
+    torch._dynamo.reset()
+    counters.clear()
+    block = _block(device)
+    compiled = torch.compile(block, fullgraph=True, dynamic=dynamic, mode=mode)
+    shapes = [(3, 20), (5, 33)] if dynamic else [(3, 20)]
+    for i, (batch, seq) in enumerate(shapes):
+        x = torch.randn(batch, seq, 64, device=device, requires_grad=True)
+        ref_out, ref_grads = _step(block, x)
+        # Three calls per shape: CUDA graph trees warm up, record, then replay.
+        for _ in range(3):
+            torch.compiler.cudagraph_mark_step_begin()
+            with torch._dynamo.config.patch(error_on_recompile=i > 0):
+                out, grads = _step(compiled, x)
+            torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
+            for g, r in zip(grads, ref_grads):
+                torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+    if device == "cuda" and mode == "reduce-overhead":
+        assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+
+
 _LOAD_AND_RUN = textwrap.dedent(
     """
     import sys, torch
-    import torch.nn.functional as F
-    import neuralops_gqa  # registers the ops the saved graph calls
-    ep = torch.export.load(sys.argv[1])
-    device = sys.argv[2]
+    sys.path.insert(0, sys.argv[4])
+    import neuralops_gqa  # registers the op the saved graph calls
+    from helpers import GQAttention, interleave_expand
+    kind, path, weights, _, device = sys.argv[1:]
+    if kind == "export":
+        run = torch.export.load(path).module()
+    else:
+        run = torch._inductor.aoti_load_package(path)
+    ref = GQAttention(64, 8, 2, interleave_expand, sdpa=True).to(device)
+    ref.load_state_dict(torch.load(weights))
     for batch, seq in [(1, 5), (4, 37)]:
-        q = torch.randn(batch, 8, seq, 16, device=device)
-        k = torch.randn(batch, 2, seq, 16, device=device)
-        v = torch.randn(batch, 2, seq, 16, device=device)
-        out = ep.module()(q, k, v)
-        ref = F.scaled_dot_product_attention(
-            q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), is_causal=True)
-        torch.testing.assert_close(out, ref)
-    print("ok", out.shape)
+        x = torch.randn(batch, seq, 64, device=device)
+        with torch.no_grad():
+            torch.testing.assert_close(run(x), ref(x), rtol=1e-5, atol=1e-5)
+    print("ok", kind, batch, seq)
     """
 )
 
 
-class _Block(torch.nn.Module):
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return attention(q, k, v)
+def _run_saved(kind: str, path: Path, block: torch.nn.Module, device: str) -> None:
+    """Load the saved graph in a fresh Python process and run it on sizes it was not traced with."""
+    weights = path.with_suffix(".weights")
+    torch.save(block.state_dict(), weights)
+    tests_dir = str(Path(__file__).parent)
+    result = subprocess.run(
+        [sys.executable, "-c", _LOAD_AND_RUN, kind, str(path), str(weights), tests_dir, device],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith(f"ok {kind} 4 37")
+
+
+def _export_block(device: str) -> tuple[torch.nn.Module, torch.export.ExportedProgram]:
+    block = _block(device).eval()
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq", min=2)
+    x = torch.randn(3, 20, 64, device=device)
+    return block, torch.export.export(block, (x,), dynamic_shapes=({0: batch, 1: seq},))
 
 
 def test_export_save_load_fresh_process(backend: str, device: str, tmp_path: Path) -> None:
-    batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq", min=2)
-    dims = {0: batch, 2: seq}
-    q, k, v = (x.detach() for x in _qkv(3, 20, device, seed=3))
-    ep = torch.export.export(_Block(), (q, k, v), dynamic_shapes=(dims, dims, dims))
+    block, ep = _export_block(device)
     assert "neuralops.gqa_expand.default" in str(ep.graph)
     # Decomposing to the core ATen set keeps the op whole: it has no decomposition to leak.
     decomposed = ep.run_decompositions()
@@ -105,12 +170,12 @@ def test_export_save_load_fresh_process(backend: str, device: str, tmp_path: Pat
     assert len(nodes) == 1
     path = tmp_path / "block.pt2"
     torch.export.save(ep, path)
-    result = subprocess.run(
-        [sys.executable, "-c", _LOAD_AND_RUN, str(path), device],
-        capture_output=True,
-        check=False,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.startswith("ok torch.Size([4, 8, 37, 16])")
+    _run_saved("export", path, block, device)
+
+
+def test_aoti_package_fresh_process(device: str, tmp_path: Path) -> None:
+    """AOTInductor compiles the graph around the op; the op itself runs through the
+    dispatcher, so the loading process imports the package (docs/usage/aoti.md)."""
+    block, ep = _export_block(device)
+    path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "block.pt2"))
+    _run_saved("aoti", Path(path), block, device)

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given
+from conftest import DEVICE
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import neuralops_gqa
@@ -87,6 +88,17 @@ def test_triton_on_cpu_needs_interpreter(monkeypatch: pytest.MonkeyPatch) -> Non
         EXPAND(_t(1, 1, 2, 8), _t(1, 1, 2, 8), 1, 2)
 
 
+# Devices a call may mix: the test device, meta, and the CPU next to a GPU.
+_DEVICES = [DEVICE, "meta"] + (["cpu"] if DEVICE != "cpu" else [])
+
+
+def _device_still_works() -> None:
+    """A failed call must leave the device usable (no sticky CUDA error)."""
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+        assert torch.ones(4, device=DEVICE).add(1).sum().item() == 8
+
+
 @st.composite
 def _bad_calls(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """Mostly-valid calls with one thing broken (or several)."""
@@ -103,9 +115,13 @@ def _bad_calls(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     shape_v = list(shape)
     if draw(st.booleans()):
         shape_v[draw(st.integers(0, 2))] += draw(st.integers(1, 2))
-    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.complex64, torch.int16, torch.bool]))
-    k = torch.zeros((shape + [1] * 4)[:rank_k], dtype=dtype)
-    v = torch.zeros((shape_v + [1] * 4)[:rank_v])
+    dtypes = [torch.float32, torch.bfloat16, torch.complex64, torch.int16, torch.bool]
+    dtype_k = draw(st.sampled_from(dtypes))
+    dtype_v = draw(st.one_of(st.just(torch.float32), st.sampled_from(dtypes)))
+    device_k = draw(st.one_of(st.just(DEVICE), st.sampled_from(_DEVICES)))
+    device_v = draw(st.one_of(st.just(device_k), st.sampled_from(_DEVICES)))
+    k = torch.zeros((shape + [1] * 4)[:rank_k], dtype=dtype_k, device=device_k)
+    v = torch.zeros((shape_v + [1] * 4)[:rank_v], dtype=dtype_v, device=device_v)
     return k, v, kv, heads
 
 
@@ -114,12 +130,17 @@ def _is_valid(k: torch.Tensor, v: torch.Tensor, kv: int, heads: int) -> bool:
         k.dim() == 4
         and v.dim() == 4
         and not k.dtype.is_complex
+        and not v.dtype.is_complex
+        and k.device == v.device
         and kv > 0
         and heads > 0
         and heads % kv == 0
         and k.shape[1] == kv
         and k.shape[:3] == v.shape[:3]
     )
+
+
+_CLEAR_ERROR = r"gqa_expand: (k|v|num_heads|num_kv_heads)"
 
 
 @given(call=_bad_calls())
@@ -130,6 +151,45 @@ def test_fuzz_bad_inputs(backend: str, call: tuple[torch.Tensor, torch.Tensor, i
         k_out, v_out = EXPAND(k, v, kv, heads)
         assert k_out.shape == (k.shape[0], heads, k.shape[2], k.shape[3])
         assert v_out.shape == (v.shape[0], heads, v.shape[2], v.shape[3])
-        return
-    with pytest.raises((ValueError, RuntimeError), match=r"gqa_expand: (k|v|num_heads|num_kv_heads)"):
-        EXPAND(k, v, kv, heads)
+    else:
+        with pytest.raises((ValueError, RuntimeError), match=_CLEAR_ERROR):
+            EXPAND(k, v, kv, heads)
+    _device_still_works()
+
+
+@pytest.mark.slow
+@settings(max_examples=15)
+@given(call=_bad_calls())
+def test_fuzz_bad_inputs_compiled(call: tuple[torch.Tensor, torch.Tensor, int, int]) -> None:
+    """The same bad calls, traced by ``torch.compile``: the fake implementation's checks raise
+    the same clear errors at trace time."""
+    k, v, kv, heads = call
+    assume(not _is_valid(k, v, kv, heads))
+    torch._dynamo.reset()  # each example traces afresh, never falling back to eager
+    fn = torch.compile(lambda k, v: EXPAND(k, v, kv, heads), fullgraph=True, backend="aot_eager")
+    with pytest.raises((ValueError, RuntimeError), match=_CLEAR_ERROR):
+        fn(k, v)
+    _device_still_works()
+
+
+_NOT_TENSORS = [None, 3, 2.5, "k", [1.0, 2.0], (1, 4, 2, 8)]
+
+
+@given(
+    which=st.sampled_from(["k", "v", "num_kv_heads", "num_heads"]),
+    value=st.sampled_from([*_NOT_TENSORS, torch.ones(2), torch.ones(1, dtype=torch.int64)]),
+)
+def test_fuzz_wrong_argument_types(which: str, value: object) -> None:
+    """Wrong argument types raise a TypeError/RuntimeError that names the argument."""
+    args = {
+        "k": _t(1, 4, 2, 8, device=DEVICE),
+        "v": _t(1, 4, 2, 8, device=DEVICE),
+        "num_kv_heads": 4,
+        "num_heads": 8,
+    }
+    if which in ("k", "v") and isinstance(value, torch.Tensor):
+        value = None  # a tensor is the right type for k and v
+    args[which] = value
+    with pytest.raises((TypeError, RuntimeError, ValueError), match=which):
+        EXPAND(*args.values())
+    _device_still_works()

@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import given
 
-from helpers import GRAD_DTYPES, LAYOUTS, assert_reduce_close, make_tensor, short
+from helpers import GRAD_DTYPES, LAYOUTS, assert_bitwise_equal, assert_reduce_close, make_tensor, short
 from strategies import Case, grad_cases
 
 
@@ -137,3 +137,33 @@ def test_fuzz_reduce(backend: str, device: str, case: Case) -> None:
     out_k, out_v = _reduce(gk, gv, case.n_rep)
     assert_reduce_close(out_k, gk, case.kv_heads)
     assert_reduce_close(out_v, gv, case.kv_heads)
+
+
+def test_reduce_is_deterministic(backend: str, device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bitwise-equal gradients across repeated runs, and across launch settings that keep the
+    summation order (tile sizes, unroll depth: each element still sums heads 0..n_rep-1)."""
+    g_k = make_tensor((2, 12, 40, 80), torch.bfloat16, "bnhd", device, seed=1)
+    g_v = make_tensor((2, 12, 40, 24), torch.float32, "offset", device, seed=2)
+    first = torch.ops.neuralops.gqa_reduce(g_k, g_v, 2, 12)
+    for _ in range(3):
+        for a, b in zip(torch.ops.neuralops.gqa_reduce(g_k, g_v, 2, 12), first):
+            assert_bitwise_equal(a, b)
+    if backend != "triton":
+        return
+    from csrc_free_ops import gqa_triton, launch_settings
+
+    monkeypatch.setattr(launch_settings, "TARGET_PROGRAMS", 1)  # tiles as large as TILE_BYTES allows
+    blocks = set()
+    for tile_bytes, unroll in [(512, 1), (4096, 4), (32768, 16)]:
+        monkeypatch.setattr(launch_settings, "TILE_BYTES", tile_bytes)
+        monkeypatch.setattr(launch_settings, "REDUCE_UNROLL", unroll)
+        gqa_triton._reduce_plan.cache_clear()
+        plan = gqa_triton._reduce_plan(
+            g_k.shape, g_k.stride(), g_k.dtype, g_v.shape, g_v.stride(), g_v.dtype, 6
+        )
+        assert plan is not None and plan.meta["UNROLL"] == min(6, unroll)
+        blocks.add((plan.meta["K_BLOCK_R"], plan.meta["K_BLOCK_C"]))
+        for a, b in zip(torch.ops.neuralops.gqa_reduce(g_k, g_v, 2, 12), first):
+            assert_bitwise_equal(a, b)
+    assert len(blocks) == 3  # three different tilings really ran
+    gqa_triton._reduce_plan.cache_clear()
