@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,23 +28,31 @@ def test_dtensor(backend: str, comm: str, ranks: int, tmp_path: Path) -> None:
         pytest.skip(f"NCCL needs {ranks} CUDA devices, this machine has {torch.cuda.device_count()}")
     store = tmp_path / "store"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if comm == "gloo":  # CPU ranks: the Triton backend runs in the interpreter, GPU or not
+        env["TRITON_INTERPRET"] = "1"
+    logs = [tmp_path / f"rank{rank}.log" for rank in range(ranks)]
     procs = [
         subprocess.Popen(
             [sys.executable, str(WORKER), comm, str(rank), str(ranks), str(store)],
-            stdout=subprocess.PIPE,
+            stdout=log.open("w"),
             stderr=subprocess.STDOUT,
-            text=True,
             env=env,
         )
-        for rank in range(ranks)
+        for rank, log in enumerate(logs)
     ]
-    outputs = []
+    # A rank that fails leaves the others waiting in a collective: stop them all at the
+    # first failure instead of waiting for the collectives' timeout.
+    deadline = time.monotonic() + 600
     try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=600)[0])
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if any(p.returncode not in (None, 0) for p in procs):
+                break
+            time.sleep(0.2)
     finally:
         for proc in procs:
             proc.kill()
+            proc.wait()
+    outputs = [log.read_text() for log in logs]
     for rank, (proc, out) in enumerate(zip(procs, outputs)):
         assert proc.returncode == 0, f"rank {rank} exited {proc.returncode}:\n{out[-4000:]}"
     assert "ok " in outputs[0] and " checks" in outputs[0], outputs[0][-2000:]
