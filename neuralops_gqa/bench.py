@@ -11,6 +11,7 @@ chooses from.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import statistics
@@ -19,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -85,7 +87,8 @@ def _interleave_pair(k: Tensor, v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]:
 
 
 def _ours_pair(k: Tensor, v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]:
-    return torch.ops.neuralops.gqa_expand(k, v, k.shape[1], k.shape[1] * n_rep)
+    expanded: tuple[Tensor, Tensor] = torch.ops.neuralops.gqa_expand(k, v, k.shape[1], k.shape[1] * n_rep)
+    return expanded
 
 
 _compiled_hf_pair = torch.compile(_hf_pair, dynamic=False)
@@ -120,7 +123,7 @@ def _median_ms(fn: Fn, device: str) -> float:
 
         return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
     fn()
-    times = []
+    times: list[float] = []
     deadline = time.perf_counter() + 0.5
     while len(times) < 5 or (time.perf_counter() < deadline and len(times) < 50):
         start = time.perf_counter()
@@ -312,7 +315,7 @@ def machine_info(device: str) -> dict[str, str]:
     return info
 
 
-def run(shapes: list[Shape], dtypes: list[torch.dtype], device: str, backward: bool = True) -> dict:
+def run(shapes: list[Shape], dtypes: list[torch.dtype], device: str, backward: bool = True) -> dict[str, Any]:
     ceiling = copy_ceiling_gbs(device)
     results = []
     directions = ["forward", "backward"] if backward else ["forward"]
@@ -351,7 +354,7 @@ def run(shapes: list[Shape], dtypes: list[torch.dtype], device: str, backward: b
                 )
                 if device == "cuda":
                     torch.cuda.empty_cache()
-    report: dict = {
+    report: dict[str, Any] = {
         "machine": machine_info(device),
         "device": device,
         "ceiling_gbs": ceiling,
@@ -365,7 +368,7 @@ def run(shapes: list[Shape], dtypes: list[torch.dtype], device: str, backward: b
     return report
 
 
-def to_markdown(report: dict) -> str:
+def to_markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
     lines = [
         f"Machine: {m.get('gpu', m['cpu'])}; torch {m['torch']}, triton {m['triton']}, python {m['python']}.",
@@ -399,7 +402,7 @@ def to_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(report: dict, path: Path) -> None:
+def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -428,13 +431,13 @@ def plot(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-SWEEP_FORWARD = {
+SWEEP_FORWARD: dict[str, tuple[int, ...]] = {
     "TILE_BYTES": (4096, 8192),
     "BYTES_PER_WARP": (1024, 2048),
     "TARGET_PROGRAMS": (528, 2112),
     "REP_MAJOR_MAX_REPS": (0, 16),
 }
-SWEEP_BACKWARD = {
+SWEEP_BACKWARD: dict[str, tuple[int, ...]] = {
     "TILE_BYTES": (4096, 8192, 16384),
     "BYTES_PER_WARP": (1024, 2048),
     "REDUCE_UNROLL": (4, 8, 16),
@@ -447,7 +450,7 @@ def write_ceiling_gbs() -> float:
     return 2**30 / _median_ms(lambda: dst.fill_(7), "cuda") / 1e6
 
 
-def sweep(shapes: list[Shape], dtype: torch.dtype) -> dict:
+def sweep(shapes: list[Shape], dtype: torch.dtype) -> dict[str, Any]:
     """Time every launch-settings candidate on every shape, forward and backward (CUDA only).
 
     Each candidate's output is checked against ``repeat_interleave`` once, so a fast wrong
@@ -481,12 +484,13 @@ def sweep(shapes: list[Shape], dtype: torch.dtype) -> dict:
                 gqa_triton._reduce_plan.cache_clear()
                 for s in shapes:
                     n_rep = s.n_rep
+                    calls: list[Fn]
                     if direction == "forward":
                         k, v = inputs[s.name][0]
                         out = gqa_triton.expand_forward(k, v, n_rep)
                         ok = torch.equal(out[1], v.repeat_interleave(n_rep, 1))
                         calls = [
-                            lambda k=k, v=v, n_rep=n_rep: gqa_triton.expand_forward(k, v, n_rep)
+                            functools.partial(gqa_triton.expand_forward, k, v, n_rep)
                             for k, v in inputs[s.name]
                         ]
                     else:
@@ -495,8 +499,7 @@ def sweep(shapes: list[Shape], dtype: torch.dtype) -> dict:
                         ref = gv.float().unflatten(1, (s.kv_heads, n_rep)).sum(2)
                         ok = torch.allclose(out[1].float(), ref, rtol=1e-2, atol=1e-2)
                         calls = [
-                            lambda g=g, n_rep=n_rep: gqa_triton.reduce_backward(*g, n_rep)
-                            for g in grads[s.name]
+                            functools.partial(gqa_triton.reduce_backward, *g, n_rep) for g in grads[s.name]
                         ]
                     ms = _graph_ms(calls)
                     rows.append({"direction": direction, "shape": s.name, **setting, "ms": ms, "correct": ok})

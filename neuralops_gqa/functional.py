@@ -33,7 +33,8 @@ def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple
     if num_heads == num_kv_heads:
         ops.check_inputs("gqa_expand", ("k", "v"), k, v, num_kv_heads, num_heads)
         return k, v
-    return torch.ops.neuralops.gqa_expand(k, v, num_kv_heads, num_heads)
+    expanded: tuple[Tensor, Tensor] = torch.ops.neuralops.gqa_expand(k, v, num_kv_heads, num_heads)
+    return expanded
 
 
 def repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
@@ -59,6 +60,7 @@ def repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
             f"repeat_kv: hidden_states must be 4-D [B, H_kv, N, D], got shape {tuple(hidden_states.shape)}"
         )
     kv_heads = hidden_states.shape[1]
+    out: Tensor  # torch.ops is untyped; the schema returns (Tensor, Tensor)
     out, _ = torch.ops.neuralops.gqa_expand(
         hidden_states, hidden_states.narrow(3, 0, 0), kv_heads, kv_heads * n_rep
     )

@@ -13,13 +13,24 @@ The kernels themselves live in ``csrc_free_ops``; nothing there knows about
 from __future__ import annotations
 
 import os
-from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
 from csrc_free_ops.reference import expand_reference, reduce_reference
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Protocol, TypeAlias
+
+    from torch._functorch.autograd_function import VmapInfo
+    from torch._library.custom_ops import CustomOpDef
+
+    # An op's implementation, and the same with the dispatch keyset first (an autograd kernel).
+    _Impl: TypeAlias = Callable[[Tensor, Tensor, int, int], tuple[Tensor, Tensor]]
+    _KeyedImpl: TypeAlias = Callable[[torch._C.DispatchKeySet, Tensor, Tensor, int, int], tuple[Tensor, ...]]
 
 BACKEND_ENV = "NEURALOPS_GQA_BACKEND"
 _BACKENDS = ("auto", "triton", "torch")
@@ -113,10 +124,20 @@ def _check_same_dim(op: str, names: tuple[str, str], a: Tensor, b: Tensor, dim: 
 
 # --- backend choice: read on every call, so tests and users can switch at run time ----
 
-_triton_module: ModuleType | None = None
+if TYPE_CHECKING:
+
+    class _Kernels(Protocol):
+        """What this module calls in ``csrc_free_ops.gqa_triton`` (the module satisfies it)."""
+
+        def expand_forward(self, k: Tensor, v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]: ...
+
+        def reduce_backward(self, grad_k: Tensor, grad_v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]: ...
 
 
-def _triton_kernels() -> ModuleType:
+_triton_module: _Kernels | None = None
+
+
+def _triton_kernels() -> _Kernels:
     """``csrc_free_ops.gqa_triton``, imported on first use so a CPU-only install needs no Triton."""
     global _triton_module
     if _triton_module is None:
@@ -207,9 +228,26 @@ def _gqa_reduce_fake(
     )
 
 
+if TYPE_CHECKING:
+
+    class _Ctx(Protocol):
+        """The autograd context custom_op passes to setup_context and backward, as used here."""
+
+        num_kv_heads: int
+        num_heads: int
+        needs_input_grad: tuple[bool, ...]
+
+        def mark_non_differentiable(self, *args: Tensor) -> None: ...
+
+        def set_materialize_grads(self, value: bool) -> None: ...
+
+    # A backward's result: gradients for k and v (or grad_k and grad_v), none for the head counts.
+    _Grads: TypeAlias = tuple[Tensor | None, Tensor | None, None, None]
+
+
 # Autograd: each op's backward is the other op, so double backward, gradcheck and
 # gradgradcheck work to any order.
-def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple) -> None:
+def _setup_context(ctx: _Ctx, inputs: tuple[Tensor, Tensor, int, int], output: tuple[Tensor, Tensor]) -> None:
     ctx.num_kv_heads, ctx.num_heads = inputs[2], inputs[3]
     # Each output depends on one input only: it needs no grad_fn unless that input does.
     ctx.mark_non_differentiable(*(out for out, needed in zip(output, ctx.needs_input_grad) if not needed))
@@ -228,11 +266,11 @@ def _pair_or_empty(grad_a: Tensor | None, grad_b: Tensor | None) -> tuple[Tensor
 
 
 def _backward_through(
-    op: torch._library.custom_ops.CustomOpDef,
-    ctx: torch.autograd.function.FunctionCtx,
+    op: CustomOpDef,
+    ctx: _Ctx,
     grad_a: Tensor | None,
     grad_b: Tensor | None,
-) -> tuple[Tensor | None, Tensor | None, None, None]:
+) -> _Grads:
     # Skip the work for an input that wants no gradient or an output nobody used.
     if not ctx.needs_input_grad[0]:
         grad_a = None
@@ -244,11 +282,11 @@ def _backward_through(
     return (None if grad_a is None else out_a), (None if grad_b is None else out_b), None, None
 
 
-def _expand_backward(ctx, grad_k, grad_v):  # type: ignore[no-untyped-def]
+def _expand_backward(ctx: _Ctx, grad_k: Tensor | None, grad_v: Tensor | None) -> _Grads:
     return _backward_through(gqa_reduce, ctx, grad_k, grad_v)
 
 
-def _reduce_backward(ctx, grad_k, grad_v):  # type: ignore[no-untyped-def]
+def _reduce_backward(ctx: _Ctx, grad_k: Tensor | None, grad_v: Tensor | None) -> _Grads:
     return _backward_through(gqa_expand, ctx, grad_k, grad_v)
 
 
@@ -263,8 +301,15 @@ def _fold_batch(x: Tensor, dim: int | None, size: int) -> Tensor:
     return x.flatten(0, 1)
 
 
-def _vmap_rule(op: torch._library.custom_ops.CustomOpDef):  # type: ignore[no-untyped-def]
-    def rule(info, in_dims, a, b, num_kv_heads, num_heads):  # type: ignore[no-untyped-def]
+def _vmap_rule(op: CustomOpDef) -> Callable[..., tuple[tuple[Tensor, Tensor], tuple[int, int]]]:
+    def rule(
+        info: VmapInfo,
+        in_dims: tuple[int | None, ...],
+        a: Tensor,
+        b: Tensor,
+        num_kv_heads: int,
+        num_heads: int,
+    ) -> tuple[tuple[Tensor, Tensor], tuple[int, int]]:
         size = info.batch_size
         out_a, out_b = op(
             _fold_batch(a, in_dims[0], size), _fold_batch(b, in_dims[1], size), num_kv_heads, num_heads
@@ -302,12 +347,14 @@ for _key in (
     _WRAPPER_KEYS = _WRAPPER_KEYS | torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, _key))
 
 
-def _autograd_kernel(impl, custom_op):  # type: ignore[no-untyped-def]
+def _autograd_kernel(impl: _Impl, custom_op: CustomOpDef) -> _KeyedImpl:
     from torch._library.autograd import make_autograd_impl
 
-    slow = make_autograd_impl(custom_op._opoverload, custom_op)
+    slow: _KeyedImpl = make_autograd_impl(custom_op._opoverload, custom_op)
 
-    def with_tangents(keyset, a, b, num_kv_heads, num_heads):  # type: ignore[no-untyped-def]
+    def with_tangents(
+        keyset: torch._C.DispatchKeySet, a: Tensor, b: Tensor, num_kv_heads: int, num_heads: int
+    ) -> tuple[Tensor, ...] | None:
         (pa, ta), (pb, tb) = forward_ad.unpack_dual(a), forward_ad.unpack_dual(b)
         if ta is None and tb is None:
             return None
@@ -320,7 +367,9 @@ def _autograd_kernel(impl, custom_op):  # type: ignore[no-untyped-def]
         )
         return tuple(forward_ad.make_dual(o, t) for o, t in zip(out, tangents))
 
-    def autograd_kernel(keyset, a, b, num_kv_heads, num_heads):  # type: ignore[no-untyped-def]
+    def autograd_kernel(
+        keyset: torch._C.DispatchKeySet, a: Tensor, b: Tensor, num_kv_heads: int, num_heads: int
+    ) -> tuple[Tensor, ...]:
         if forward_ad._current_level >= 0:
             out = with_tangents(keyset, a, b, num_kv_heads, num_heads)
             if out is not None:
