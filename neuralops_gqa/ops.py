@@ -33,6 +33,12 @@ if TYPE_CHECKING:
     _KeyedImpl: TypeAlias = Callable[[torch._C.DispatchKeySet, Tensor, Tensor, int, int], tuple[Tensor, ...]]
 
 BACKEND_ENV = "NEURALOPS_GQA_BACKEND"
+"""Environment variable read on every call: ``auto`` (default), ``triton`` or ``torch``.
+
+``auto`` runs the Triton kernels on CUDA tensors and the PyTorch reference elsewhere;
+``triton`` forces the kernels (on a CPU only with ``TRITON_INTERPRET=1``); ``torch`` forces
+the reference.
+"""
 _BACKENDS = ("auto", "triton", "torch")
 _REDUCE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -50,6 +56,10 @@ def check_inputs(
     concrete: bool = False,
 ) -> None:
     """Raise a ``ValueError``/``RuntimeError`` naming the argument if the op can't run.
+
+    The one validation of both ops, called by their real and their fake implementations, so
+    eager calls and traces under ``torch.compile``/``torch.export`` fail with the same
+    message, e.g. ``gqa_expand: num_heads (30) must be a multiple of num_kv_heads (4)``.
 
     ``a`` and ``b`` are ``(k, v)`` for ``gqa_expand`` (head dim ``num_kv_heads``) and
     ``(grad_k, grad_v)`` for ``gqa_reduce`` (head dim ``num_heads``). Shape relations go
@@ -188,13 +198,67 @@ def _reduce_impl(grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: i
 # every device; CUDA gets a direct registration below.
 @torch.library.custom_op("neuralops::gqa_expand", mutates_args=())
 def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
-    """``[B, H_kv, N, D] -> [B, num_heads, N, D]`` for k and v: head ``h`` copies KV head ``h // n_rep``."""
+    """``[B, H_kv, N, D] -> [B, num_heads, N, D]`` for k and v: head ``h`` copies KV head ``h // n_rep``.
+
+    Registered as ``torch.ops.neuralops.gqa_expand``; call it through ``torch.ops`` (or
+    ``neuralops_gqa.gqa_expand``). ``n_rep = num_heads // num_kv_heads``. The results are
+    always new tensors, also when ``n_rep == 1`` (a registered op may not return its inputs).
+    The backward is [`gqa_reduce`][neuralops_gqa.ops.gqa_reduce].
+
+    Args:
+        k: ``[B, H_kv, N, D_k]``, any strides, any real dtype.
+        v: ``[B, H_kv, N, D_v]``, any strides; dtype and ``D_v`` may differ from k's.
+        num_kv_heads: ``H_kv``, positive, equal to ``k.shape[1]``.
+        num_heads: a positive multiple of ``num_kv_heads``.
+
+    Returns:
+        ``(k_expanded, v_expanded)``: contiguous ``[B, num_heads, N, D_k]`` and
+        ``[B, num_heads, N, D_v]``, the inputs' dtypes, bit-exact copies.
+
+    Raises:
+        ValueError: bad shapes, head counts or dtypes (see
+            [`check_inputs`][neuralops_gqa.ops.check_inputs]).
+        RuntimeError: k and v on different devices.
+
+    Example:
+        >>> k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 8)
+        >>> k4, v4 = torch.ops.neuralops.gqa_expand(k, v, 2, 4)
+        >>> tuple(v4.shape), bool((k4 == k.repeat_interleave(2, dim=1)).all())
+        ((1, 4, 3, 8), True)
+    """
     return _expand_impl(k, v, num_kv_heads, num_heads)
 
 
 @torch.library.custom_op("neuralops::gqa_reduce", mutates_args=())
 def gqa_reduce(grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
-    """``[B, num_heads, N, D] -> [B, H_kv, N, D]``: KV head ``j`` sums its group's ``n_rep`` heads."""
+    """``[B, num_heads, N, D] -> [B, H_kv, N, D]``: KV head ``j`` sums its group's ``n_rep`` heads.
+
+    Registered as ``torch.ops.neuralops.gqa_reduce``: the backward of
+    [`gqa_expand`][neuralops_gqa.ops.gqa_expand], and differentiable itself (its backward is
+    ``gqa_expand``). Result head ``j`` is the sum of heads ``j*n_rep ... j*n_rep + n_rep - 1``,
+    accumulated in float32 (float64 for float64) in that order, without atomics, so the
+    result is deterministic.
+
+    Args:
+        grad_k: ``[B, num_heads, N, D_k]``, any strides; float16, bfloat16, float32 or float64.
+        grad_v: ``[B, num_heads, N, D_v]``, any strides; dtype and ``D_v`` may differ from grad_k's.
+        num_kv_heads: the result's heads, positive.
+        num_heads: a positive multiple of ``num_kv_heads``, equal to ``grad_k.shape[1]``.
+
+    Returns:
+        ``(grad_k_reduced, grad_v_reduced)``: contiguous ``[B, num_kv_heads, N, D_k]`` and
+        ``[B, num_kv_heads, N, D_v]`` in the gradients' dtypes.
+
+    Raises:
+        ValueError: bad shapes, head counts or dtypes.
+        RuntimeError: the gradients on different devices.
+
+    Example:
+        >>> g = torch.ones(1, 4, 3, 2)
+        >>> gk, _ = torch.ops.neuralops.gqa_reduce(g, g, 2, 4)
+        >>> tuple(gk.shape), gk[0, 0, 0, 0].item()
+        ((1, 2, 3, 2), 2.0)
+    """
     return _reduce_impl(grad_k, grad_v, num_kv_heads, num_heads)
 
 
