@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import triton
@@ -45,8 +46,13 @@ _BYTE_ALIASES = {
 }
 
 
-@triton.jit
-def _expand_tile(
+# The kernels' parameters carry no type annotations on purpose: Triton reads them.
+# ``tl.constexpr`` marks a compile-time constant, and a type such as ``int`` would make
+# Triton pass the argument as i32 whatever its value (unannotated, a value past 2^31 goes
+# as i64). So each kernel tells mypy that the untyped ``triton.jit`` and the bare
+# parameters are intended; the bodies are still checked, with ``tl`` and the parameters Any.
+@triton.jit  # type: ignore[untyped-decorator]
+def _expand_tile(  # type: ignore[no-untyped-def]
     src,
     dst,
     t,
@@ -101,8 +107,8 @@ def _expand_tile(
         tl.store(dst + (bh * n_rep + r) * head_elems + dst_offs, tile, mask=mask)
 
 
-@triton.jit
-def expand_fwd_kernel(
+@triton.jit  # type: ignore[untyped-decorator]
+def expand_fwd_kernel(  # type: ignore[no-untyped-def]
     k,
     v,
     k_out,
@@ -146,8 +152,8 @@ def expand_fwd_kernel(
                      V_BLOCK_R, V_BLOCK_C, INDEX_64, REP_MAJOR)  # fmt: skip
 
 
-@triton.jit
-def _reduce_tile(
+@triton.jit  # type: ignore[untyped-decorator]
+def _reduce_tile(  # type: ignore[no-untyped-def]
     src,
     dst,
     t,
@@ -192,8 +198,8 @@ def _reduce_tile(
     tl.store(dst + dst_offs, acc.to(dst.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def reduce_bwd_kernel(
+@triton.jit  # type: ignore[untyped-decorator]
+def reduce_bwd_kernel(  # type: ignore[no-untyped-def]
     gk,
     gv,
     gk_out,
@@ -283,7 +289,8 @@ class Plan:
 
     def __init__(self, grid: tuple[int], args: tuple[int, ...], meta: dict[str, object]) -> None:
         self.grid, self.args, self.meta = grid, args, meta
-        self.compiled: dict[tuple, object] = {}
+        # Launch key -> (Triton's compiled kernel, the constexpr values it takes last).
+        self.compiled: dict[tuple[object, ...], tuple[Any, list[object]]] = {}
 
 
 _RUNTIME_KNOBS = getattr(getattr(triton, "knobs", None), "runtime", None)
@@ -325,7 +332,7 @@ def _launch(kernel: triton.runtime.JITFunction, plan: Plan, tensors: tuple[Tenso
     if index != torch._C._cuda_getDevice():
         with torch.cuda.device(index):
             return _launch(kernel, plan, tensors)
-    handle, constexprs = compiled  # type: ignore[misc]
+    handle, constexprs = compiled
     # The same call Triton's JIT makes after binding: grid, stream, function, metadata,
     # no launch hooks, then every kernel parameter in declaration order.
     handle.run(plan.grid[0], 1, 1, torch._C._cuda_getCurrentRawStream(index), handle.function,

@@ -11,6 +11,7 @@ chooses from.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import statistics
@@ -19,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -85,7 +87,8 @@ def _interleave_pair(k: Tensor, v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]:
 
 
 def _ours_pair(k: Tensor, v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]:
-    return torch.ops.neuralops.gqa_expand(k, v, k.shape[1], k.shape[1] * n_rep)
+    expanded: tuple[Tensor, Tensor] = torch.ops.neuralops.gqa_expand(k, v, k.shape[1], k.shape[1] * n_rep)
+    return expanded
 
 
 _compiled_hf_pair = torch.compile(_hf_pair, dynamic=False)
@@ -120,7 +123,7 @@ def _median_ms(fn: Fn, device: str) -> float:
 
         return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
     fn()
-    times = []
+    times: list[float] = []
     deadline = time.perf_counter() + 0.5
     while len(times) < 5 or (time.perf_counter() < deadline and len(times) < 50):
         start = time.perf_counter()
@@ -259,6 +262,12 @@ def _interleaved_us(candidates: list[tuple[str, Fn]], device: str, calls: int) -
     return {name: statistics.median(vals) for name, vals in samples.items()}
 
 
+def _compiled_call(compiled: Callable[..., object], step: bool, k: Tensor, v: Tensor, n_rep: int) -> None:
+    if step:
+        torch.compiler.cudagraph_mark_step_begin()
+    compiled(k, v, n_rep)
+
+
 def compiled_overhead_us(shape: Shape, dtype: torch.dtype, device: str, calls: int = 500) -> dict[str, float]:
     """Wall-clock microseconds per call of the op inside a ``torch.compile`` graph (both
     tensors), in ``default`` and ``reduce-overhead`` (CUDA graphs) mode, next to the
@@ -269,16 +278,11 @@ def compiled_overhead_us(shape: Shape, dtype: torch.dtype, device: str, calls: i
     modes = ["default", "reduce-overhead"] if device == "cuda" else ["default"]
     for mode in modes:
         for name, fn in (("neuralops", _ours_pair), ("hf", _hf_pair)):
-            compiled = torch.compile(fn, mode=mode, fullgraph=True)
-            if mode == "reduce-overhead":
-
-                def call(compiled: Callable[..., object] = compiled) -> None:
-                    torch.compiler.cudagraph_mark_step_begin()
-                    compiled(k, v, n_rep)
-
-                candidates.append((f"{name}_{mode}", call))
-            else:
-                candidates.append((f"{name}_{mode}", lambda compiled=compiled: compiled(k, v, n_rep)))
+            compiled: Callable[..., object] = torch.compile(fn, mode=mode, fullgraph=True)
+            step = mode == "reduce-overhead"  # CUDA graph trees: one step per call
+            candidates.append(
+                (f"{name}_{mode}", functools.partial(_compiled_call, compiled, step, k, v, n_rep))
+            )
     return _interleaved_us(candidates, device, calls)
 
 
@@ -339,7 +343,7 @@ def machine_info(device: str) -> dict[str, str]:
     return info
 
 
-def run(shapes: list[Shape], dtypes: list[torch.dtype], device: str, backward: bool = True) -> dict:
+def run(shapes: list[Shape], dtypes: list[torch.dtype], device: str, backward: bool = True) -> dict[str, Any]:
     ceiling = copy_ceiling_gbs(device)
     results = []
     directions = ["forward", "backward"] if backward else ["forward"]
@@ -378,7 +382,7 @@ def run(shapes: list[Shape], dtypes: list[torch.dtype], device: str, backward: b
                 )
                 if device == "cuda":
                     torch.cuda.empty_cache()
-    report: dict = {
+    report: dict[str, Any] = {
         "machine": machine_info(device),
         "device": device,
         "ceiling_gbs": ceiling,
@@ -393,7 +397,7 @@ def run(shapes: list[Shape], dtypes: list[torch.dtype], device: str, backward: b
     return report
 
 
-def to_markdown(report: dict) -> str:
+def to_markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
     lines = [
         f"Machine: {m.get('gpu', m['cpu'])}; torch {m['torch']}, triton {m['triton']}, python {m['python']}.",
@@ -434,7 +438,7 @@ def to_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(report: dict, path: Path) -> None:
+def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -463,13 +467,13 @@ def plot(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-SWEEP_FORWARD = {
+SWEEP_FORWARD: dict[str, tuple[int, ...]] = {
     "TILE_BYTES": (4096, 8192),
     "BYTES_PER_WARP": (1024, 2048),
     "TARGET_PROGRAMS": (528, 2112),
     "REP_MAJOR_MAX_REPS": (0, 16),
 }
-SWEEP_BACKWARD = {
+SWEEP_BACKWARD: dict[str, tuple[int, ...]] = {
     "TILE_BYTES": (4096, 8192, 16384),
     "BYTES_PER_WARP": (1024, 2048),
     "REDUCE_UNROLL": (4, 8, 16),
@@ -482,7 +486,7 @@ def write_ceiling_gbs() -> float:
     return 2**30 / _median_ms(lambda: dst.fill_(7), "cuda") / 1e6
 
 
-def sweep(shapes: list[Shape], dtype: torch.dtype) -> dict:
+def sweep(shapes: list[Shape], dtype: torch.dtype) -> dict[str, Any]:
     """Time every launch-settings candidate on every shape, forward and backward (CUDA only).
 
     Each candidate's output is checked against ``repeat_interleave`` once, so a fast wrong
@@ -516,12 +520,13 @@ def sweep(shapes: list[Shape], dtype: torch.dtype) -> dict:
                 gqa_triton._reduce_plan.cache_clear()
                 for s in shapes:
                     n_rep = s.n_rep
+                    calls: list[Fn]
                     if direction == "forward":
                         k, v = inputs[s.name][0]
                         out = gqa_triton.expand_forward(k, v, n_rep)
                         ok = torch.equal(out[1], v.repeat_interleave(n_rep, 1))
                         calls = [
-                            lambda k=k, v=v, n_rep=n_rep: gqa_triton.expand_forward(k, v, n_rep)
+                            functools.partial(gqa_triton.expand_forward, k, v, n_rep)
                             for k, v in inputs[s.name]
                         ]
                     else:
@@ -530,8 +535,7 @@ def sweep(shapes: list[Shape], dtype: torch.dtype) -> dict:
                         ref = gv.float().unflatten(1, (s.kv_heads, n_rep)).sum(2)
                         ok = torch.allclose(out[1].float(), ref, rtol=1e-2, atol=1e-2)
                         calls = [
-                            lambda g=g, n_rep=n_rep: gqa_triton.reduce_backward(*g, n_rep)
-                            for g in grads[s.name]
+                            functools.partial(gqa_triton.reduce_backward, *g, n_rep) for g in grads[s.name]
                         ]
                     ms = _graph_ms(calls)
                     rows.append({"direction": direction, "shape": s.name, **setting, "ms": ms, "correct": ok})

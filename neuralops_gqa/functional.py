@@ -13,16 +13,27 @@ def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple
 
     Output head ``h`` is a copy of KV head ``h // (num_heads // num_kv_heads)``, the order of
     ``repeat_interleave(dim=1)`` and of ``scaled_dot_product_attention(..., enable_gqa=True)``.
+    This is ``torch.ops.neuralops.gqa_expand`` except that nothing is copied when there is
+    nothing to expand. Differentiable (the backward is ``torch.ops.neuralops.gqa_reduce``),
+    and traceable by ``torch.compile`` and ``torch.export``.
 
     Args:
-        k: ``[B, H_kv, N, D_k]``, any strides.
-        v: ``[B, H_kv, N, D_v]``, any strides; its dtype and ``D_v`` may differ from k's.
-        num_kv_heads: ``H_kv``.
+        k: ``[B, H_kv, N, D_k]``, any strides, any real dtype.
+        v: ``[B, H_kv, N, D_v]``, any strides; its dtype and ``D_v`` may differ from k's, but
+            ``B``, ``H_kv``, ``N`` and the device must match.
+        num_kv_heads: ``H_kv``, positive, equal to ``k.shape[1]``.
         num_heads: the query heads ``H``, a positive multiple of ``num_kv_heads``.
 
     Returns:
-        ``(k_expanded, v_expanded)``, new contiguous ``[B, H, N, D]`` tensors; when
-        ``num_heads == num_kv_heads`` the inputs themselves, as Hugging Face's ``repeat_kv`` does.
+        ``(k_expanded, v_expanded)``, new contiguous ``[B, H, N, D_k]`` and ``[B, H, N, D_v]``
+        tensors with the inputs' dtypes and device; when ``num_heads == num_kv_heads`` the
+        inputs themselves, as Hugging Face's ``repeat_kv`` does.
+
+    Raises:
+        ValueError: a head count is not positive, ``num_heads`` is not a multiple of
+            ``num_kv_heads``, ``k.shape[1] != num_kv_heads``, an input is not 4-D or is complex,
+            or k and v disagree in ``B``, ``H_kv`` or ``N``.
+        RuntimeError: k and v are on different devices.
 
     Example:
         >>> k, v = torch.randn(2, 8, 16, 64), torch.randn(2, 8, 16, 64)
@@ -33,15 +44,28 @@ def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple
     if num_heads == num_kv_heads:
         ops.check_inputs("gqa_expand", ("k", "v"), k, v, num_kv_heads, num_heads)
         return k, v
-    return torch.ops.neuralops.gqa_expand(k, v, num_kv_heads, num_heads)
+    expanded: tuple[Tensor, Tensor] = torch.ops.neuralops.gqa_expand(k, v, num_kv_heads, num_heads)
+    return expanded
 
 
 def repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
     """Drop-in for Hugging Face's ``repeat_kv``: ``[B, H_kv, N, D] -> [B, H_kv * n_rep, N, D]``.
 
-    Head ``h`` of the result copies head ``h // n_rep``. Only this one tensor is copied (the
-    op's second input is a zero-width view). Returns ``hidden_states`` itself when
-    ``n_rep == 1``.
+    Head ``h`` of the result copies head ``h // n_rep``, like
+    ``hidden_states.repeat_interleave(n_rep, dim=1)``. Only this one tensor is copied (the
+    op's second input is a zero-width view). Same signature as the function in Hugging Face
+    Transformers' Llama-style models, so it can replace it in place.
+
+    Args:
+        hidden_states: ``[B, H_kv, N, D]``, any strides, any real dtype.
+        n_rep: how many copies of each head, a positive int.
+
+    Returns:
+        A new contiguous ``[B, H_kv * n_rep, N, D]`` tensor; ``hidden_states`` itself when
+        ``n_rep == 1``.
+
+    Raises:
+        ValueError: ``n_rep`` is not positive or ``hidden_states`` is not 4-D.
 
     Example:
         >>> x = torch.randn(1, 2, 3, 4)
@@ -59,6 +83,7 @@ def repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
             f"repeat_kv: hidden_states must be 4-D [B, H_kv, N, D], got shape {tuple(hidden_states.shape)}"
         )
     kv_heads = hidden_states.shape[1]
+    out: Tensor  # torch.ops is untyped; the schema returns (Tensor, Tensor)
     out, _ = torch.ops.neuralops.gqa_expand(
         hidden_states, hidden_states.narrow(3, 0, 0), kv_heads, kv_heads * n_rep
     )

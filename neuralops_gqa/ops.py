@@ -13,7 +13,7 @@ The kernels themselves live in ``csrc_free_ops``; nothing there knows about
 from __future__ import annotations
 
 import os
-from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -21,7 +21,24 @@ from torch.autograd import forward_ad
 
 from csrc_free_ops.reference import expand_reference, reduce_reference
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Protocol, TypeAlias
+
+    from torch._functorch.autograd_function import VmapInfo
+    from torch._library.custom_ops import CustomOpDef
+
+    # An op's implementation, and the same with the dispatch keyset first (an autograd kernel).
+    _Impl: TypeAlias = Callable[[Tensor, Tensor, int, int], tuple[Tensor, Tensor]]
+    _KeyedImpl: TypeAlias = Callable[[torch._C.DispatchKeySet, Tensor, Tensor, int, int], tuple[Tensor, ...]]
+
 BACKEND_ENV = "NEURALOPS_GQA_BACKEND"
+"""Environment variable read on every call: ``auto`` (default), ``triton`` or ``torch``.
+
+``auto`` runs the Triton kernels on CUDA tensors and the PyTorch reference elsewhere;
+``triton`` forces the kernels (on a CPU only with ``TRITON_INTERPRET=1``); ``torch`` forces
+the reference.
+"""
 _BACKENDS = ("auto", "triton", "torch")
 _REDUCE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -39,6 +56,10 @@ def check_inputs(
     concrete: bool = False,
 ) -> None:
     """Raise a ``ValueError``/``RuntimeError`` naming the argument if the op can't run.
+
+    The one validation of both ops, called by their real and their fake implementations, so
+    eager calls and traces under ``torch.compile``/``torch.export`` fail with the same
+    message, e.g. ``gqa_expand: num_heads (30) must be a multiple of num_kv_heads (4)``.
 
     ``a`` and ``b`` are ``(k, v)`` for ``gqa_expand`` (head dim ``num_kv_heads``) and
     ``(grad_k, grad_v)`` for ``gqa_reduce`` (head dim ``num_heads``). Shape relations go
@@ -116,10 +137,20 @@ def _check_same_dim(op: str, names: tuple[str, str], a: Tensor, b: Tensor, dim: 
 
 # --- backend choice: read on every call, so tests and users can switch at run time ----
 
-_triton_module: ModuleType | None = None
+if TYPE_CHECKING:
+
+    class _Kernels(Protocol):
+        """What this module calls in ``csrc_free_ops.gqa_triton`` (the module satisfies it)."""
+
+        def expand_forward(self, k: Tensor, v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]: ...
+
+        def reduce_backward(self, grad_k: Tensor, grad_v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]: ...
 
 
-def _triton_kernels() -> ModuleType:
+_triton_module: _Kernels | None = None
+
+
+def _triton_kernels() -> _Kernels:
     """``csrc_free_ops.gqa_triton``, imported on first use so a CPU-only install needs no Triton."""
     global _triton_module
     if _triton_module is None:
@@ -170,13 +201,67 @@ def _reduce_impl(grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: i
 # every device; CUDA gets a direct registration below.
 @torch.library.custom_op("neuralops::gqa_expand", mutates_args=())
 def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
-    """``[B, H_kv, N, D] -> [B, num_heads, N, D]`` for k and v: head ``h`` copies KV head ``h // n_rep``."""
+    """``[B, H_kv, N, D] -> [B, num_heads, N, D]`` for k and v: head ``h`` copies KV head ``h // n_rep``.
+
+    Registered as ``torch.ops.neuralops.gqa_expand``; call it through ``torch.ops`` (or
+    ``neuralops_gqa.gqa_expand``). ``n_rep = num_heads // num_kv_heads``. The results are
+    always new tensors, also when ``n_rep == 1`` (a registered op may not return its inputs).
+    The backward is [`gqa_reduce`][neuralops_gqa.ops.gqa_reduce].
+
+    Args:
+        k: ``[B, H_kv, N, D_k]``, any strides, any real dtype.
+        v: ``[B, H_kv, N, D_v]``, any strides; dtype and ``D_v`` may differ from k's.
+        num_kv_heads: ``H_kv``, positive, equal to ``k.shape[1]``.
+        num_heads: a positive multiple of ``num_kv_heads``.
+
+    Returns:
+        ``(k_expanded, v_expanded)``: contiguous ``[B, num_heads, N, D_k]`` and
+        ``[B, num_heads, N, D_v]``, the inputs' dtypes, bit-exact copies.
+
+    Raises:
+        ValueError: bad shapes, head counts or dtypes (see
+            [`check_inputs`][neuralops_gqa.ops.check_inputs]).
+        RuntimeError: k and v on different devices.
+
+    Example:
+        >>> k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 8)
+        >>> k4, v4 = torch.ops.neuralops.gqa_expand(k, v, 2, 4)
+        >>> tuple(v4.shape), bool((k4 == k.repeat_interleave(2, dim=1)).all())
+        ((1, 4, 3, 8), True)
+    """
     return _expand_impl(k, v, num_kv_heads, num_heads)
 
 
 @torch.library.custom_op("neuralops::gqa_reduce", mutates_args=())
 def gqa_reduce(grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
-    """``[B, num_heads, N, D] -> [B, H_kv, N, D]``: KV head ``j`` sums its group's ``n_rep`` heads."""
+    """``[B, num_heads, N, D] -> [B, H_kv, N, D]``: KV head ``j`` sums its group's ``n_rep`` heads.
+
+    Registered as ``torch.ops.neuralops.gqa_reduce``: the backward of
+    [`gqa_expand`][neuralops_gqa.ops.gqa_expand], and differentiable itself (its backward is
+    ``gqa_expand``). Result head ``j`` is the sum of heads ``j*n_rep ... j*n_rep + n_rep - 1``,
+    accumulated in float32 (float64 for float64) in that order, without atomics, so the
+    result is deterministic.
+
+    Args:
+        grad_k: ``[B, num_heads, N, D_k]``, any strides; float16, bfloat16, float32 or float64.
+        grad_v: ``[B, num_heads, N, D_v]``, any strides; dtype and ``D_v`` may differ from grad_k's.
+        num_kv_heads: the result's heads, positive.
+        num_heads: a positive multiple of ``num_kv_heads``, equal to ``grad_k.shape[1]``.
+
+    Returns:
+        ``(grad_k_reduced, grad_v_reduced)``: contiguous ``[B, num_kv_heads, N, D_k]`` and
+        ``[B, num_kv_heads, N, D_v]`` in the gradients' dtypes.
+
+    Raises:
+        ValueError: bad shapes, head counts or dtypes.
+        RuntimeError: the gradients on different devices.
+
+    Example:
+        >>> g = torch.ones(1, 4, 3, 2)
+        >>> gk, _ = torch.ops.neuralops.gqa_reduce(g, g, 2, 4)
+        >>> tuple(gk.shape), gk[0, 0, 0, 0].item()
+        ((1, 2, 3, 2), 2.0)
+    """
     return _reduce_impl(grad_k, grad_v, num_kv_heads, num_heads)
 
 
@@ -210,9 +295,26 @@ def _gqa_reduce_fake(
     )
 
 
+if TYPE_CHECKING:
+
+    class _Ctx(Protocol):
+        """The autograd context custom_op passes to setup_context and backward, as used here."""
+
+        num_kv_heads: int
+        num_heads: int
+        needs_input_grad: tuple[bool, ...]
+
+        def mark_non_differentiable(self, *args: Tensor) -> None: ...
+
+        def set_materialize_grads(self, value: bool) -> None: ...
+
+    # A backward's result: gradients for k and v (or grad_k and grad_v), none for the head counts.
+    _Grads: TypeAlias = tuple[Tensor | None, Tensor | None, None, None]
+
+
 # Autograd: each op's backward is the other op, so double backward, gradcheck and
 # gradgradcheck work to any order.
-def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple) -> None:
+def _setup_context(ctx: _Ctx, inputs: tuple[Tensor, Tensor, int, int], output: tuple[Tensor, Tensor]) -> None:
     ctx.num_kv_heads, ctx.num_heads = inputs[2], inputs[3]
     # Each output depends on one input only: it needs no grad_fn unless that input does.
     ctx.mark_non_differentiable(*(out for out, needed in zip(output, ctx.needs_input_grad) if not needed))
@@ -231,11 +333,11 @@ def _pair_or_empty(grad_a: Tensor | None, grad_b: Tensor | None) -> tuple[Tensor
 
 
 def _backward_through(
-    op: torch._library.custom_ops.CustomOpDef,
-    ctx: torch.autograd.function.FunctionCtx,
+    op: CustomOpDef,
+    ctx: _Ctx,
     grad_a: Tensor | None,
     grad_b: Tensor | None,
-) -> tuple[Tensor | None, Tensor | None, None, None]:
+) -> _Grads:
     # Skip the work for an input that wants no gradient or an output nobody used.
     if not ctx.needs_input_grad[0]:
         grad_a = None
@@ -247,11 +349,11 @@ def _backward_through(
     return (None if grad_a is None else out_a), (None if grad_b is None else out_b), None, None
 
 
-def _expand_backward(ctx, grad_k, grad_v):  # type: ignore[no-untyped-def]
+def _expand_backward(ctx: _Ctx, grad_k: Tensor | None, grad_v: Tensor | None) -> _Grads:
     return _backward_through(gqa_reduce, ctx, grad_k, grad_v)
 
 
-def _reduce_backward(ctx, grad_k, grad_v):  # type: ignore[no-untyped-def]
+def _reduce_backward(ctx: _Ctx, grad_k: Tensor | None, grad_v: Tensor | None) -> _Grads:
     return _backward_through(gqa_expand, ctx, grad_k, grad_v)
 
 
@@ -266,8 +368,15 @@ def _fold_batch(x: Tensor, dim: int | None, size: int) -> Tensor:
     return x.flatten(0, 1)
 
 
-def _vmap_rule(op: torch._library.custom_ops.CustomOpDef):  # type: ignore[no-untyped-def]
-    def rule(info, in_dims, a, b, num_kv_heads, num_heads):  # type: ignore[no-untyped-def]
+def _vmap_rule(op: CustomOpDef) -> Callable[..., tuple[tuple[Tensor, Tensor], tuple[int, int]]]:
+    def rule(
+        info: VmapInfo,
+        in_dims: tuple[int | None, ...],
+        a: Tensor,
+        b: Tensor,
+        num_kv_heads: int,
+        num_heads: int,
+    ) -> tuple[tuple[Tensor, Tensor], tuple[int, int]]:
         size = info.batch_size
         out_a, out_b = op(
             _fold_batch(a, in_dims[0], size), _fold_batch(b, in_dims[1], size), num_kv_heads, num_heads
@@ -305,12 +414,14 @@ for _key in (
     _WRAPPER_KEYS = _WRAPPER_KEYS | torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, _key))
 
 
-def _autograd_kernel(impl, custom_op):  # type: ignore[no-untyped-def]
+def _autograd_kernel(impl: _Impl, custom_op: CustomOpDef) -> _KeyedImpl:
     from torch._library.autograd import make_autograd_impl
 
-    slow = make_autograd_impl(custom_op._opoverload, custom_op)
+    slow: _KeyedImpl = make_autograd_impl(custom_op._opoverload, custom_op)
 
-    def with_tangents(keyset, a, b, num_kv_heads, num_heads):  # type: ignore[no-untyped-def]
+    def with_tangents(
+        keyset: torch._C.DispatchKeySet, a: Tensor, b: Tensor, num_kv_heads: int, num_heads: int
+    ) -> tuple[Tensor, ...] | None:
         (pa, ta), (pb, tb) = forward_ad.unpack_dual(a), forward_ad.unpack_dual(b)
         if ta is None and tb is None:
             return None
@@ -323,9 +434,15 @@ def _autograd_kernel(impl, custom_op):  # type: ignore[no-untyped-def]
         )
         return tuple(forward_ad.make_dual(o, t) for o, t in zip(out, tangents))
 
-    def autograd_kernel(keyset, a, b, num_kv_heads, num_heads):  # type: ignore[no-untyped-def]
-        if a is None or b is None:  # the implementation raises the error that names it
-            return impl(a, b, num_kv_heads, num_heads)
+    def autograd_kernel(
+        keyset: torch._C.DispatchKeySet,
+        a: Tensor | None,
+        b: Tensor | None,
+        num_kv_heads: int,
+        num_heads: int,
+    ) -> tuple[Tensor, ...]:
+        if a is None or b is None:  # the schema lets None through; the implementation names it
+            return impl(a, b, num_kv_heads, num_heads)  # type: ignore[arg-type]
         if forward_ad._current_level >= 0:
             out = with_tangents(keyset, a, b, num_kv_heads, num_heads)
             if out is not None:
