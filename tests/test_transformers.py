@@ -1,0 +1,294 @@
+"""Hugging Face models on ``attn_implementation="neuralops_sdpa"`` and ``"neuralops_eager"``.
+
+Tiny randomly initialised Llama, Mistral (sliding window) and Qwen2 (one full, one sliding
+layer) causal LMs on a padded batch: the logits and every parameter's gradient equal those
+of the stock ``"sdpa"``/``"eager"``, eagerly and under ``torch.compile``, and our op does
+the expansion where the stock code calls ``repeat_kv``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+transformers = pytest.importorskip(
+    "transformers",
+    minversion="5.17",
+    reason="the transformers integration needs transformers>=5.17 (pip install '.[test]')",
+)
+
+from neuralops_gqa import ops  # noqa: E402
+from neuralops_gqa.integrations import bench_transformers  # noqa: E402
+from neuralops_gqa.integrations import transformers as neuralops_transformers  # noqa: E402
+
+LAYERS = 2
+PAIRS = [("sdpa", "neuralops_sdpa"), ("eager", "neuralops_eager")]
+PAIR_IDS = ["sdpa", "eager"]
+
+# Backward tolerance. The forward is the same arithmetic on the same bits (the expansion is
+# an exact copy into the layout repeat_kv produces), so logits must be equal. Gradients
+# differ where autograd's sum over repeat_kv's broadcast dim and our float32 group sum add
+# in another order, and (on CUDA) where SDPA's backward accumulates in a nondeterministic
+# order: float32 rounding of sums of at most `hidden` (64) terms, 64 * 2**-23 < 1e-5 of
+# the largest magnitude involved.
+GRAD_RTOL = 1e-5
+# torch.compile fuses and reorders the stock float32 arithmetic around the attention
+# (RMSNorm, rotary, softmax), so compiled logits differ from eager ones by the same kind of
+# rounding (about 1e-7 here).
+COMPILED_RTOL = 1e-5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _registered() -> None:
+    neuralops_transformers.register()
+
+
+def _config(family: str) -> transformers.PretrainedConfig:
+    """No downloads: small enough that the Triton interpreter runs a step in about a second."""
+    common = dict(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+    )
+    if family == "llama":
+        return transformers.LlamaConfig(**common)
+    if family == "mistral":  # a window shorter than the sequence: the mask is not just causal
+        return transformers.MistralConfig(**common, sliding_window=4)
+    if family == "qwen2":  # layer 0 full attention, layer 1 a sliding window
+        return transformers.Qwen2Config(
+            **common, use_sliding_window=True, sliding_window=4, max_window_layers=1
+        )
+    raise ValueError(family)
+
+
+def _model_pair(family: str, stock: str, ours: str, device: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    torch.manual_seed(0)
+    build = transformers.AutoModelForCausalLM.from_config
+    ref = build(_config(family), attn_implementation=stock).to(device)
+    model = build(_config(family), attn_implementation=ours).to(device)
+    model.load_state_dict(ref.state_dict())
+    assert model.config._attn_implementation == ours
+    return ref, model
+
+
+def _padded_batch(device: str, seq: int = 10, right: bool = True) -> dict[str, torch.Tensor]:
+    """Three rows: left-padded by 3, right-padded by 3 (or left-padded by 1), unpadded."""
+    ids = torch.randint(1, 128, (3, seq), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(3, seq, dtype=torch.long)
+    mask[0, :3] = 0
+    if right:
+        mask[1, -3:] = 0
+    else:
+        mask[1, :1] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "labels": labels.to(device)}
+
+
+def _step(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], run: Callable[..., Any] | None = None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Logits and every parameter's gradient of one training step of ``run`` (the model itself
+    unless given, e.g. its compiled form)."""
+    out = (model if run is None else run)(**batch)
+    out.loss.backward()
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    assert all(g is not None for g in grads.values())
+    return out.logits.detach(), grads
+
+
+def _assert_grads_close(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert actual.keys() == expected.keys()
+    for name, grad in expected.items():
+        atol = GRAD_RTOL * float(grad.abs().max())
+        torch.testing.assert_close(actual[name], grad, rtol=GRAD_RTOL, atol=atol, msg=name)
+
+
+@pytest.fixture
+def op_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of each real call of either op (fake-tensor calls at trace time excluded)."""
+    calls: list[str] = []
+    check = ops.check_inputs
+
+    def recording_check(op, names, a, b, *args, concrete=False, **kwargs):  # type: ignore[no-untyped-def]
+        if concrete:
+            calls.append(op)
+        return check(op, names, a, b, *args, concrete=concrete, **kwargs)
+
+    monkeypatch.setattr(ops, "check_inputs", recording_check)
+    return calls
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+@pytest.mark.parametrize(("stock", "ours"), PAIRS, ids=PAIR_IDS)
+def test_padded_training_step_matches_stock(
+    backend: str, device: str, family: str, stock: str, ours: str, op_calls: list[str]
+) -> None:
+    ref, model = _model_pair(family, stock, ours, device)
+    batch = _padded_batch(device)
+    logits_ref, grads_ref = _step(ref, batch)
+    assert op_calls == []
+    logits, grads = _step(model, batch)
+    # A padded batch has a mask, so stock sdpa calls repeat_kv too: one expansion per layer
+    # forward, one group sum per layer backward.
+    assert sorted(op_calls) == ["gqa_expand"] * LAYERS + ["gqa_reduce"] * LAYERS
+    torch.testing.assert_close(logits, logits_ref, rtol=0, atol=0)
+    _assert_grads_close(grads, grads_ref)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("stock", "ours"), PAIRS, ids=PAIR_IDS)
+def test_compiled_training_step_matches_stock(
+    backend: str, device: str, stock: str, ours: str, op_calls: list[str]
+) -> None:
+    """``fullgraph=True``: the whole model is one graph with our op in it. On CPU the graph
+    runs through ``aot_eager`` (dynamo, fake tensors, AOT autograd: every step that sees our
+    op), as Inductor's C++ builds would take most of a minute on a small CPU; on CUDA
+    through Inductor."""
+    ref, model = _model_pair("llama", stock, ours, device)
+    batch = _padded_batch(device)
+    logits_ref, grads_ref = _step(ref, batch)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="inductor" if device == "cuda" else "aot_eager")
+    logits, grads = _step(model, batch, compiled)
+    assert sorted(op_calls) == ["gqa_expand"] * LAYERS + ["gqa_reduce"] * LAYERS
+    torch.testing.assert_close(
+        logits, logits_ref, rtol=COMPILED_RTOL, atol=COMPILED_RTOL * float(logits_ref.abs().max())
+    )
+    _assert_grads_close(grads, grads_ref)
+
+
+def test_unpadded_sdpa_keeps_enable_gqa(device: str, op_calls: list[str]) -> None:
+    """Without a mask stock sdpa expands nothing (SDPA's ``enable_gqa``), and neither do we."""
+    ref, model = _model_pair("llama", "sdpa", "neuralops_sdpa", device)
+    batch = _padded_batch(device)
+    del batch["attention_mask"]
+    with torch.no_grad():
+        logits_ref, logits = ref(**batch).logits, model(**batch).logits
+    assert op_calls == []
+    torch.testing.assert_close(logits, logits_ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("stock", "ours"), PAIRS, ids=PAIR_IDS)
+def test_generate_matches_stock(backend: str, device: str, stock: str, ours: str) -> None:
+    """Greedy decoding through the KV cache, left-padded: prefill and single-token steps."""
+    ref, model = _model_pair("llama", stock, ours, device)
+    batch = _padded_batch(device, seq=6, right=False)
+    del batch["labels"]
+    kwargs = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    out_ref, out = ref.generate(**batch, **kwargs), model.generate(**batch, **kwargs)
+    assert torch.equal(out.sequences, out_ref.sequences)
+    for step, (actual, expected) in enumerate(zip(out.logits, out_ref.logits)):
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0, msg=f"step {step}")
+
+
+def test_set_attn_implementation_switches(device: str, op_calls: list[str]) -> None:
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(_config("llama")).to(device)
+    batch = _padded_batch(device)
+    with torch.no_grad():
+        for name in ("neuralops_eager", "eager", "neuralops_sdpa"):
+            model.set_attn_implementation(name)
+            assert model.config._attn_implementation == name
+            model(**batch)
+    assert op_calls == ["gqa_expand"] * (2 * LAYERS)
+
+
+def _module(**attrs: object) -> types.SimpleNamespace:
+    return types.SimpleNamespace(num_key_value_groups=3, head_dim=8, training=False, **attrs)
+
+
+def _qkv_mask(device: str) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, h, 5, 8, generator=gen).to(device) for h in (6, 2, 2))
+    mask = torch.zeros(2, 1, 5, 5).masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), -1e9).to(device)
+    return q, k, v, mask
+
+
+def test_eager_softcap_matches_gemma2(device: str) -> None:
+    """``softcap`` and ``scaling=None`` (``head_dim ** -0.5``), as Gemma 2 passes them."""
+    from transformers.models.gemma2 import modeling_gemma2
+
+    q, k, v, mask = _qkv_mask(device)
+    module = _module()
+    expected = modeling_gemma2.eager_attention_forward(module, q, k, v, mask, softcap=0.5)
+    actual = neuralops_transformers.eager_attention_forward(module, q, k, v, mask, softcap=0.5)
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
+
+
+def test_eager_sinks_match_gpt_oss(device: str) -> None:
+    """GPT-OSS passes its attention sinks as ``s_aux``; its own eager reads ``module.sinks``."""
+    from transformers.models.gpt_oss import modeling_gpt_oss
+
+    q, k, v, mask = _qkv_mask(device)
+    module = _module(sinks=torch.randn(6, generator=torch.Generator().manual_seed(3)).to(device))
+    expected = modeling_gpt_oss.eager_attention_forward(module, q, k, v, mask, scaling=0.3)
+    actual = neuralops_transformers.eager_attention_forward(
+        module, q, k, v, mask, scaling=0.3, s_aux=module.sinks
+    )
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("masked", [True, False], ids=["mask", "causal"])
+def test_sdpa_arguments_match_stock(device: str, masked: bool, op_calls: list[str]) -> None:
+    """Dropout (same seed, same draws), scaling, is_causal, with and without a mask."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    q, k, v, mask = _qkv_mask(device)
+    mask = mask.bool().logical_not() if masked else None  # sdpa's masks are boolean
+    for kwargs in ({"dropout": 0.5}, {"scaling": 0.2, "is_causal": False}, {"is_causal": True}):
+        module = _module(is_causal=True)
+        torch.manual_seed(4)
+        expected, _ = sdpa_attention_forward(module, q, k, v, mask, **kwargs)
+        torch.manual_seed(4)
+        actual, weights = neuralops_transformers.sdpa_attention_forward(module, q, k, v, mask, **kwargs)
+        assert weights is None
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0, msg=str(kwargs))
+    assert op_calls == (["gqa_expand"] * 3 if masked else [])
+
+
+def test_register_adds_mask_functions() -> None:
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    neuralops_transformers.register()  # again: idempotent
+    interface = transformers.AttentionInterface()
+    assert interface["neuralops_sdpa"] is neuralops_transformers.sdpa_attention_forward
+    assert interface["neuralops_eager"] is neuralops_transformers.eager_attention_forward
+    assert ALL_MASK_ATTENTION_FUNCTIONS["neuralops_sdpa"] is ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]
+    assert ALL_MASK_ATTENTION_FUNCTIONS["neuralops_eager"] is ALL_MASK_ATTENTION_FUNCTIONS["eager"]
+
+
+def test_neuralops_gqa_import_does_not_import_transformers() -> None:
+    code = (
+        "import sys, neuralops_gqa, neuralops_gqa.integrations; "
+        "assert 'transformers' not in sys.modules, 'transformers was imported'"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+def test_benchmark_runs_on_cpu(tmp_path: pytest.TempPathFactory) -> None:
+    out = tmp_path / "bench.json"
+    bench_transformers.main(["--device", "cpu", "--warmup", "1", "--repeats", "2", "--out", str(out)])
+    report = json.loads(out.read_text())
+    names = [r["implementation"] for r in report["results"]]
+    assert names == ["sdpa", "neuralops_sdpa", "eager", "neuralops_eager"]
+    assert all(len(r["step_ms"]) == 2 and r["median_ms"] > 0 for r in report["results"])
+    # The same weights and batch: the stock and our losses agree.
+    losses = {r["implementation"]: r["loss"] for r in report["results"]}
+    assert losses["neuralops_sdpa"] == pytest.approx(losses["sdpa"], rel=1e-6)
+    assert losses["neuralops_eager"] == pytest.approx(losses["eager"], rel=1e-6)
+    assert set(report["speedup"]) == {"neuralops_sdpa vs sdpa", "neuralops_eager vs eager"}
