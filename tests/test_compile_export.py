@@ -144,7 +144,18 @@ def _run_saved(kind: str, path: Path, block: torch.nn.Module, device: str) -> No
     torch.save(block.state_dict(), weights)
     tests_dir = str(Path(__file__).parent)
     result = subprocess.run(
-        [sys.executable, "-c", _LOAD_AND_RUN, kind, str(path), str(weights), tests_dir, device],
+        [
+            sys.executable,
+            "-X",
+            "faulthandler",
+            "-c",
+            _LOAD_AND_RUN,
+            kind,
+            str(path),
+            str(weights),
+            tests_dir,
+            device,
+        ],
         capture_output=True,
         check=False,
         text=True,

@@ -27,6 +27,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import transformers
@@ -69,7 +70,7 @@ CPU_SETUP = Setup(
 )
 
 
-def build_model(setup: Setup, device: str) -> torch.nn.Module:
+def build_model(setup: Setup, device: str) -> transformers.PreTrainedModel:
     config = transformers.LlamaConfig(
         vocab_size=setup.vocab,
         hidden_size=setup.hidden,
@@ -81,8 +82,10 @@ def build_model(setup: Setup, device: str) -> torch.nn.Module:
         pad_token_id=0,
     )
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, setup.dtype))
-    return model.to(device).train()
+    model: torch.nn.Module = transformers.AutoModelForCausalLM.from_config(
+        config, dtype=getattr(torch, setup.dtype)
+    )
+    return cast(transformers.PreTrainedModel, model.to(device).train())
 
 
 def padded_batch(setup: Setup, device: str) -> dict[str, torch.Tensor]:
@@ -98,7 +101,7 @@ def padded_batch(setup: Setup, device: str) -> dict[str, torch.Tensor]:
 
 def _step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     model.zero_grad(set_to_none=True)
-    loss = model(**batch).loss
+    loss: torch.Tensor = model(**batch).loss
     loss.backward()
     return loss.detach()
 
@@ -120,7 +123,9 @@ def time_step(
     return (time.perf_counter() - began) * 1e3, float(loss), None
 
 
-def run(setup: Setup, device: str, implementations: list[str], warmup: int, repeats: int) -> list[dict]:
+def run(
+    setup: Setup, device: str, implementations: list[str], warmup: int, repeats: int
+) -> list[dict[str, Any]]:
     neuralops_transformers.register()
     model = build_model(setup, device)
     batch = padded_batch(setup, device)
@@ -133,7 +138,7 @@ def run(setup: Setup, device: str, implementations: list[str], warmup: int, repe
         for name in implementations:
             model.set_attn_implementation(name)
             steps[name].append(time_step(model, batch, device))
-    results = []
+    results: list[dict[str, Any]] = []
     for name in implementations:
         ms = [s[0] for s in steps[name]]
         results.append(
@@ -149,7 +154,7 @@ def run(setup: Setup, device: str, implementations: list[str], warmup: int, repe
     return results
 
 
-def speedups(results: list[dict]) -> dict[str, float]:
+def speedups(results: list[dict[str, Any]]) -> dict[str, float]:
     """Stock median / neuralops median, per pair whose both sides ran."""
     median = {r["implementation"]: r["median_ms"] for r in results}
     return {

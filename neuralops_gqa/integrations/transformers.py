@@ -28,7 +28,7 @@ their stock implementation.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -127,7 +127,8 @@ def sdpa_attention_forward(
         _STOCK_WRITES_PAGED_CACHE and kwargs.get("cache") is not None
     ):
         kv_heads = key.shape[1]
-        key, value = gqa_expand(key, value, kv_heads, kv_heads * module.num_key_value_groups)
+        groups = cast(int, module.num_key_value_groups)
+        key, value = gqa_expand(key, value, kv_heads, kv_heads * groups)
         module = _ALL_HEADS[bool(getattr(module, "is_causal", True))]  # type: ignore[assignment]
     return _stock_sdpa.sdpa_attention_forward(
         module,
@@ -180,9 +181,10 @@ def eager_attention_forward(
         ``(attn_output, attn_weights)``: ``[B, N_q, H, D_v]`` and ``[B, H, N_q, N_kv]``.
     """
     if scaling is None:
-        scaling = module.head_dim**-0.5
+        scaling = cast(int, module.head_dim) ** -0.5
     kv_heads = key.shape[1]
-    key, value = gqa_expand(key, value, kv_heads, kv_heads * module.num_key_value_groups)
+    groups = cast(int, module.num_key_value_groups)
+    key, value = gqa_expand(key, value, kv_heads, kv_heads * groups)
     logits = torch.matmul(query, key.transpose(2, 3)) * scaling
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
