@@ -82,6 +82,9 @@ def check_inputs(
             and shape_a[1] == (num_heads if reduce else num_kv_heads)
             and shape_a[:3] == shape_b[:3]
             and a.device == b.device
+            and a.layout == torch.strided
+            and b.layout == torch.strided
+            and not (a.is_quantized or b.is_quantized)
             and (
                 (a.dtype in _REDUCE_DTYPES and b.dtype in _REDUCE_DTYPES)
                 if reduce
@@ -113,6 +116,10 @@ def check_inputs(
 def _check_tensor(op: str, name: str, x: Tensor, reduce: bool) -> None:
     torch._check_value(
         x.dim() == 4, lambda: f"{op}: {name} must be 4-D [B, H, N, D], got shape {tuple(x.shape)}"
+    )
+    torch._check_value(
+        x.layout == torch.strided and not x.is_quantized,
+        lambda: f"{op}: {name} must be a dense tensor, got layout {x.layout} and dtype {x.dtype}",
     )
     if reduce:
         torch._check_value(
@@ -398,10 +405,19 @@ gqa_reduce.register_vmap(_vmap_rule(gqa_reduce))
 # wraps it: plain tensors that need no gradient go straight to the implementation; inputs
 # with tangents get theirs from the same op (both ops are linear, so the tangent of the
 # output is the op applied to the tangents); everything else (inputs that require grad,
-# tensor subclasses, dispatch modes, functionalization, functorch transforms) goes to
-# custom_op's own kernel, built from the same registration.
+# tensor subclasses, dispatch modes, functionalization, functorch transforms, and tensors
+# whose keys below autograd must act first: lazily negated or conjugated views, zero
+# tensors, sparse, quantized and nested layouts) goes to custom_op's own kernel, built from
+# the same registration, which redispatches through those keys.
 _WRAPPER_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
 for _key in (
+    "Negative",
+    "Conjugate",
+    "ZeroTensor",
+    "Sparse",
+    "SparseCsr",
+    "Quantized",
+    "NestedTensor",
     "PythonTLSSnapshot",
     "PythonDispatcher",
     "Functionalize",
@@ -411,7 +427,8 @@ for _key in (
     "FuncTorchDynamicLayerFrontMode",
     "FuncTorchDynamicLayerBackMode",
 ):
-    _WRAPPER_KEYS = _WRAPPER_KEYS | torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, _key))
+    if hasattr(torch._C.DispatchKey, _key):  # not every key exists in every torch version
+        _WRAPPER_KEYS = _WRAPPER_KEYS | torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, _key))
 
 
 def _autograd_kernel(impl: _Impl, custom_op: CustomOpDef) -> _KeyedImpl:
@@ -425,7 +442,9 @@ def _autograd_kernel(impl: _Impl, custom_op: CustomOpDef) -> _KeyedImpl:
         (pa, ta), (pb, tb) = forward_ad.unpack_dual(a), forward_ad.unpack_dual(b)
         if ta is None and tb is None:
             return None
-        out = slow(keyset, a, b, num_kv_heads, num_heads)
+        # The primals keep their backward history; the dual tensors would send custom_op's
+        # autograd.Function, which has no jvp, into forward-mode AD and fail.
+        out = slow(keyset, pa, pb, num_kv_heads, num_heads)
         tangents = custom_op(
             torch.zeros_like(pa) if ta is None else ta,
             torch.zeros_like(pb) if tb is None else tb,

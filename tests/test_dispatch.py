@@ -84,3 +84,47 @@ def test_functorch_reverse_transforms_raise(backend: str, device: str) -> None:
     fn, x, _ = _linear_map("expand", device)
     with pytest.raises(RuntimeError, match="setup_context"):
         torch.func.grad(lambda x: fn(x)[0].sum())(x)
+
+
+def test_lazy_views_and_zero_tensors(backend: str, device: str) -> None:
+    """Lazily negated and conjugated views and zero tensors are materialized by their own
+    dispatch keys before the kernels read memory."""
+    z = torch.randn(1, 2, 3, 4, dtype=torch.complex64, device=device)
+    negated = z.conj().imag  # real values stored positive, read negated
+    assert negated.is_neg()
+    out, _ = torch.ops.neuralops.gqa_expand(negated, negated, 2, 4)
+    assert_bitwise_equal(out, expand_oracle(negated.resolve_neg(), 2))
+    grads = torch.randn(1, 4, 3, 4, dtype=torch.complex64, device=device).conj().imag
+    assert grads.is_neg()
+    for lazy, plain in zip(torch.ops.neuralops.gqa_reduce(grads, grads, 2, 4), (grads.resolve_neg(),) * 2):
+        assert_bitwise_equal(lazy, torch.ops.neuralops.gqa_reduce(plain, plain, 2, 4)[0])
+    zeros = torch._efficientzerotensor((1, 4, 3, 4), device=device)
+    out_k, out_v = torch.ops.neuralops.gqa_reduce(zeros, zeros, 2, 4)
+    assert not out_k.any() and not out_v.any()
+
+
+def test_forward_mode_through_inputs_that_require_grad(backend: str, device: str) -> None:
+    """Tangents and a backward graph on the same inputs: forward-over-reverse and the
+    backward of a dual computation both work."""
+    lin = torch.nn.Linear(3, 3, dtype=torch.float64, device=device)
+    x = make_tensor((1, 2, 2, 3), torch.float64, "contiguous", device)
+    t = torch.randn_like(x)
+    with fwAD.dual_level():
+        k = lin(fwAD.make_dual(x, t))
+        assert k.requires_grad
+        out, _ = torch.ops.neuralops.gqa_expand(k, k, 2, 4)
+        ref = lin(fwAD.make_dual(x, t)).repeat_interleave(2, 1)
+        torch.testing.assert_close(fwAD.unpack_dual(out).tangent, fwAD.unpack_dual(ref).tangent)
+        (grad_w,) = torch.autograd.grad(fwAD.unpack_dual(out).primal.sum(), lin.weight)
+        (ref_w,) = torch.autograd.grad(fwAD.unpack_dual(ref).primal.sum(), lin.weight)
+        torch.testing.assert_close(grad_w, ref_w)
+    if backend == "torch":  # numerical differences call the op once per element: too slow interpreted
+        for op, shape in (
+            (torch.ops.neuralops.gqa_expand, (1, 2, 2, 3)),
+            (torch.ops.neuralops.gqa_reduce, (1, 4, 2, 3)),
+        ):
+            a = make_tensor(shape, torch.float64, "contiguous", device).requires_grad_()
+            b = make_tensor(shape, torch.float64, "bnhd", device).detach().requires_grad_()
+            assert torch.autograd.gradgradcheck(
+                lambda a, b, op=op: op(a, b, 2, 4), (a, b), check_fwd_over_rev=True
+            )

@@ -34,6 +34,8 @@ BAD: list[tuple[str, Any, Callable[[], tuple], str]] = [
     ("k-3d", EXPAND, lambda: (_t(4, 2, 8), _t(1, 4, 2, 8), 4, 8), r"k must be 4-D"),
     ("v-5d", EXPAND, lambda: (_t(1, 4, 2, 8), _t(1, 1, 4, 2, 8), 4, 8), r"v must be 4-D"),
     ("complex", EXPAND, lambda: (_t(1, 4, 2, 8, dtype=torch.complex64), _t(1, 4, 2, 8), 4, 8), "k must have a real dtype"),
+    ("sparse", EXPAND, lambda: (_t(1, 4, 2, 8).to_sparse(), _t(1, 4, 2, 8), 4, 8), "k must be a dense tensor"),
+    ("quantized", EXPAND, lambda: (_t(1, 4, 2, 8), torch.quantize_per_tensor(_t(1, 4, 2, 8), 0.1, 0, torch.qint8), 4, 8), "v must be a dense tensor"),
     ("devices", EXPAND, lambda: (_t(1, 4, 2, 8), _t(1, 4, 2, 8, device="meta"), 4, 8), "k and v must be on one device"),
     ("grad-int", REDUCE, lambda: (_t(1, 8, 2, 8, dtype=torch.int32), _t(1, 8, 2, 8), 4, 8), "grad_k must be float16, bfloat16"),
     ("grad-heads", REDUCE, lambda: (_t(1, 4, 2, 8), _t(1, 4, 2, 8), 4, 8), r"grad_k.shape\[1\] \(4\) must equal num_heads \(8\)"),
@@ -190,6 +192,9 @@ def test_fuzz_wrong_argument_types(which: str, value: object) -> None:
     if which in ("k", "v") and isinstance(value, torch.Tensor):
         value = None  # a tensor is the right type for k and v
     args[which] = value
-    with pytest.raises((TypeError, RuntimeError, ValueError), match=which):
+    # The schema's own message quotes the whole signature: ask for the argument's own words.
+    with pytest.raises(
+        (TypeError, RuntimeError, ValueError), match=rf"argument '{which}'|gqa_expand: .*\b{which}\b"
+    ):
         EXPAND(*args.values())
     _device_still_works()
