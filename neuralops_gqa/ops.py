@@ -409,7 +409,7 @@ gqa_reduce.register_vmap(_vmap_rule(gqa_reduce))
 # whose keys below autograd must act first: lazily negated or conjugated views, zero
 # tensors, sparse, quantized and nested layouts) goes to custom_op's own kernel, built from
 # the same registration, which redispatches through those keys.
-_WRAPPER_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
+_SLOW_PATH_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
 for _key in (
     "Negative",
     "Conjugate",
@@ -428,7 +428,7 @@ for _key in (
     "FuncTorchDynamicLayerBackMode",
 ):
     if hasattr(torch._C.DispatchKey, _key):  # not every key exists in every torch version
-        _WRAPPER_KEYS = _WRAPPER_KEYS | torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, _key))
+        _SLOW_PATH_KEYS = _SLOW_PATH_KEYS | torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, _key))
 
 
 def _autograd_kernel(impl: _Impl, custom_op: CustomOpDef) -> _KeyedImpl:
@@ -467,7 +467,7 @@ def _autograd_kernel(impl: _Impl, custom_op: CustomOpDef) -> _KeyedImpl:
             if out is not None:
                 return out
         elif (
-            (keyset & _WRAPPER_KEYS).raw_repr() == 0
+            (keyset & _SLOW_PATH_KEYS).raw_repr() == 0
             and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))
             and torch._C._len_torch_dispatch_stack() == 0
         ):
