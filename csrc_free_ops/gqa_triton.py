@@ -72,6 +72,8 @@ def _expand_tile(  # type: ignore[no-untyped-def]
     BLOCK_C: tl.constexpr,
     INDEX_64: tl.constexpr,
     REP_MAJOR: tl.constexpr,
+    LOAD_EVICT: tl.constexpr,
+    STORE_CACHE: tl.constexpr,
 ):
     if INDEX_64:
         t = t.to(tl.int64)
@@ -98,13 +100,13 @@ def _expand_tile(  # type: ignore[no-untyped-def]
     offs_c = tc * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (offs_r < rows)[:, None] & (offs_c < cols)[None, :]
     src_offs = b * s_b + h * s_h + offs_r[:, None] * s_r + offs_c[None, :] * s_c
-    tile = tl.load(src + src_offs, mask=mask)
+    tile = tl.load(src + src_offs, mask=mask, eviction_policy=LOAD_EVICT)
     head_elems = rows * cols
     dst_offs = offs_r[:, None] * cols + offs_c[None, :]
     first = chunk * reps_per_program
     last = tl.minimum(first + reps_per_program, n_rep)
     for r in range(first, last):
-        tl.store(dst + (bh * n_rep + r) * head_elems + dst_offs, tile, mask=mask)
+        tl.store(dst + (bh * n_rep + r) * head_elems + dst_offs, tile, mask=mask, cache_modifier=STORE_CACHE)
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -140,16 +142,18 @@ def expand_fwd_kernel(  # type: ignore[no-untyped-def]
     V_BLOCK_C: tl.constexpr,
     INDEX_64: tl.constexpr,
     REP_MAJOR: tl.constexpr,
+    LOAD_EVICT: tl.constexpr,
+    STORE_CACHE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid < k_programs:
         _expand_tile(k, k_out, pid, n_rep, kv_heads, k_rows, k_cols, k_sb, k_sh, k_sr, k_sc,
                      k_tiles_r, k_tiles_c, rep_chunks, reps_per_program,
-                     K_BLOCK_R, K_BLOCK_C, INDEX_64, REP_MAJOR)  # fmt: skip
+                     K_BLOCK_R, K_BLOCK_C, INDEX_64, REP_MAJOR, LOAD_EVICT, STORE_CACHE)  # fmt: skip
     else:
         _expand_tile(v, v_out, pid - k_programs, n_rep, kv_heads, v_rows, v_cols, v_sb, v_sh,
                      v_sr, v_sc, v_tiles_r, v_tiles_c, rep_chunks, reps_per_program,
-                     V_BLOCK_R, V_BLOCK_C, INDEX_64, REP_MAJOR)  # fmt: skip
+                     V_BLOCK_R, V_BLOCK_C, INDEX_64, REP_MAJOR, LOAD_EVICT, STORE_CACHE)  # fmt: skip
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -172,6 +176,8 @@ def _reduce_tile(  # type: ignore[no-untyped-def]
     BLOCK_C: tl.constexpr,
     ACC_DTYPE: tl.constexpr,
     INDEX_64: tl.constexpr,
+    LOAD_CACHE: tl.constexpr,
+    LOAD_EVICT: tl.constexpr,
 ):
     if INDEX_64:
         t = t.to(tl.int64)
@@ -190,10 +196,14 @@ def _reduce_tile(  # type: ignore[no-untyped-def]
     # order is fixed (head 0, 1, ..., n_rep - 1) whatever UNROLL is.
     for r0 in range(0, N_REP - N_REP % UNROLL, UNROLL):
         for u in tl.static_range(UNROLL):
-            acc += tl.load(group + (r0 + u) * s_h, mask=mask, eviction_policy="evict_first").to(ACC_DTYPE)
+            x = tl.load(
+                group + (r0 + u) * s_h, mask=mask, cache_modifier=LOAD_CACHE, eviction_policy=LOAD_EVICT
+            )
+            acc += x.to(ACC_DTYPE)
     for u in tl.static_range(N_REP % UNROLL):
         r = N_REP - N_REP % UNROLL + u
-        acc += tl.load(group + r * s_h, mask=mask, eviction_policy="evict_first").to(ACC_DTYPE)
+        x = tl.load(group + r * s_h, mask=mask, cache_modifier=LOAD_CACHE, eviction_policy=LOAD_EVICT)
+        acc += x.to(ACC_DTYPE)
     dst_offs = bh * (rows * cols) + offs_r[:, None] * cols + offs_c[None, :]
     tl.store(dst + dst_offs, acc.to(dst.dtype.element_ty), mask=mask)
 
@@ -231,14 +241,18 @@ def reduce_bwd_kernel(  # type: ignore[no-untyped-def]
     K_ACC: tl.constexpr,
     V_ACC: tl.constexpr,
     INDEX_64: tl.constexpr,
+    LOAD_CACHE: tl.constexpr,
+    LOAD_EVICT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid < k_programs:
         _reduce_tile(gk, gk_out, pid, kv_heads, k_rows, k_cols, k_sb, k_sh, k_sr, k_sc,
-                     k_tiles_r, k_tiles_c, N_REP, UNROLL, K_BLOCK_R, K_BLOCK_C, K_ACC, INDEX_64)  # fmt: skip
+                     k_tiles_r, k_tiles_c, N_REP, UNROLL, K_BLOCK_R, K_BLOCK_C, K_ACC, INDEX_64,
+                     LOAD_CACHE, LOAD_EVICT)  # fmt: skip
     else:
         _reduce_tile(gv, gv_out, pid - k_programs, kv_heads, v_rows, v_cols, v_sb, v_sh, v_sr,
-                     v_sc, v_tiles_r, v_tiles_c, N_REP, UNROLL, V_BLOCK_R, V_BLOCK_C, V_ACC, INDEX_64)  # fmt: skip
+                     v_sc, v_tiles_r, v_tiles_c, N_REP, UNROLL, V_BLOCK_R, V_BLOCK_C, V_ACC, INDEX_64,
+                     LOAD_CACHE, LOAD_EVICT)  # fmt: skip
 
 
 def _layout(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, int, int, int, int, int]:
@@ -395,7 +409,7 @@ def _expand_plan(
     """
     kv_heads = k_shape[1]
     args: list[int] = [n_rep, kv_heads]
-    meta: dict[str, object] = {}
+    meta: dict[str, object] = dict(launch_settings.expand_hints(n_rep))
     programs = _plan_parts((k_shape, v_shape), (k_stride, v_stride), (k_itemsize, v_itemsize),
                            k_shape[0] * kv_heads, kv_heads * n_rep, expand_tiling, args, meta)  # fmt: skip
     if not any(programs):
@@ -447,9 +461,11 @@ def _reduce_plan(
         "UNROLL": min(n_rep, launch_settings.REDUCE_UNROLL),
         "K_ACC": _ACC_DTYPES.get(k_dtype, tl.float32),
         "V_ACC": _ACC_DTYPES.get(v_dtype, tl.float32),
+        **launch_settings.reduce_hints(n_rep),
     }
+    tiling = functools.partial(reduce_tiling, n_rep=n_rep)
     programs = _plan_parts((k_shape, v_shape), (k_stride, v_stride), (k_dtype.itemsize, v_dtype.itemsize),
-                           k_shape[0] * kv_heads, kv_heads, reduce_tiling, args, meta)  # fmt: skip
+                           k_shape[0] * kv_heads, kv_heads, tiling, args, meta)  # fmt: skip
     if not any(programs):
         return None
     args.append(programs[0])

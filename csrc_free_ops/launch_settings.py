@@ -26,6 +26,20 @@ BYTES_PER_WARP = 32 * 16 * 2
 MAX_WARPS = 8
 # The reduction issues this many of a group's loads together per loop step.
 REDUCE_UNROLL = 8
+# Groups of up to this many reps (every model shape but MQA) take the "short group" settings
+# below; larger groups keep the plain ones.
+SHORT_GROUP_MAX_REPS = 16
+# Short groups: the reduction gives each thread one 16-byte vector per load (twice the
+# threads, so more loads in flight: many-short backward 87.4% -> 90.1%, Llama-3-8B 89.8% ->
+# 91.4%); MQA (71 reps) loses 2 points with it (85.6% -> 83.7%).
+REDUCE_SHORT_GROUP_BYTES_PER_WARP = 32 * 16
+# Cache hints for short groups (0 turns them off). Expansion: the input tile is loaded
+# ``evict_last`` (rep-major programs re-read it) and the outputs are stored streaming
+# (``.cs``): Llama-3-70B forward 96.9% -> 98.5%, long context 91.7% -> 93.3%; MQA loses 1.5
+# points with them. Reduction: loads are cached in L2 only (``.cg``) instead of marked
+# ``evict_first``: long context backward 94.1% -> 97.7%, float32 Llama-3-8B 94.6% -> 97.6%;
+# MQA loses 4 points with it.
+CACHE_HINTS = 1
 # Expansion program order: up to this many reps, and with tiles to spare, programs walk the
 # output linearly (one rep of one tile each, the input re-read from L2); above it, each
 # program stores a chunk of one tile's reps.
@@ -44,7 +58,7 @@ class Tiling(NamedTuple):
     num_warps: int
 
 
-def _tiling(rows: int, cols: int, itemsize: int, heads: int, tile_bytes: int) -> Tiling:
+def _tiling(rows: int, cols: int, itemsize: int, heads: int, tile_bytes: int, per_warp: int) -> Tiling:
     tile_elems = max(1, tile_bytes // itemsize)
     while True:
         block_c = min(triton.next_power_of_2(cols), tile_elems)
@@ -53,13 +67,13 @@ def _tiling(rows: int, cols: int, itemsize: int, heads: int, tile_bytes: int) ->
         if tiles >= TARGET_PROGRAMS or tile_elems * itemsize <= MIN_TILE_BYTES:
             break
         tile_elems //= 2
-    warps = min(MAX_WARPS, max(1, block_r * block_c * itemsize // BYTES_PER_WARP))
+    warps = min(MAX_WARPS, max(1, block_r * block_c * itemsize // per_warp))
     return Tiling(block_r, block_c, triton.cdiv(rows, block_r), triton.cdiv(cols, block_c), warps)
 
 
 def expand_tiling(rows: int, cols: int, itemsize: int, heads: int) -> Tiling:
     """Tiling of one KV head's ``[rows, cols]`` plane for the expansion."""
-    return _tiling(rows, cols, itemsize, heads, TILE_BYTES)
+    return _tiling(rows, cols, itemsize, heads, TILE_BYTES, BYTES_PER_WARP)
 
 
 def rep_split(programs: int, n_rep: int, plane_bytes: int) -> tuple[int, int, bool]:
@@ -81,6 +95,22 @@ def rep_split(programs: int, n_rep: int, plane_bytes: int) -> tuple[int, int, bo
     return triton.cdiv(n_rep, reps_per_program), reps_per_program, False
 
 
-def reduce_tiling(rows: int, cols: int, itemsize: int, heads: int) -> Tiling:
+def reduce_tiling(rows: int, cols: int, itemsize: int, heads: int, n_rep: int) -> Tiling:
     """Tiling of one KV head's ``[rows, cols]`` plane for the group reduction."""
-    return _tiling(rows, cols, itemsize, heads, TILE_BYTES)
+    short = n_rep <= SHORT_GROUP_MAX_REPS
+    per_warp = REDUCE_SHORT_GROUP_BYTES_PER_WARP if short else BYTES_PER_WARP
+    return _tiling(rows, cols, itemsize, heads, TILE_BYTES, per_warp)
+
+
+def expand_hints(n_rep: int) -> dict[str, str]:
+    """The expansion's cache hints: the input load's eviction policy, the stores' cache modifier."""
+    if CACHE_HINTS and n_rep <= SHORT_GROUP_MAX_REPS:
+        return {"LOAD_EVICT": "evict_last", "STORE_CACHE": ".cs"}
+    return {"LOAD_EVICT": "", "STORE_CACHE": ""}
+
+
+def reduce_hints(n_rep: int) -> dict[str, str]:
+    """The reduction's load hints: cache modifier and eviction policy (PTX allows one or the other)."""
+    if CACHE_HINTS and n_rep <= SHORT_GROUP_MAX_REPS:
+        return {"LOAD_CACHE": ".cg", "LOAD_EVICT": ""}
+    return {"LOAD_CACHE": "", "LOAD_EVICT": "evict_first"}

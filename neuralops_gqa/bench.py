@@ -472,11 +472,14 @@ SWEEP_FORWARD: dict[str, tuple[int, ...]] = {
     "BYTES_PER_WARP": (1024, 2048),
     "TARGET_PROGRAMS": (528, 2112),
     "REP_MAJOR_MAX_REPS": (0, 16),
+    "CACHE_HINTS": (0, 1),
 }
 SWEEP_BACKWARD: dict[str, tuple[int, ...]] = {
-    "TILE_BYTES": (4096, 8192, 16384),
+    "TILE_BYTES": (4096, 8192),
     "BYTES_PER_WARP": (1024, 2048),
-    "REDUCE_UNROLL": (4, 8, 16),
+    "REDUCE_SHORT_GROUP_BYTES_PER_WARP": (512, 1024),
+    "REDUCE_UNROLL": (8, 16),
+    "CACHE_HINTS": (0, 1),
 }
 
 

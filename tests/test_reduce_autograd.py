@@ -141,7 +141,8 @@ def test_fuzz_reduce(backend: str, device: str, case: Case) -> None:
 
 def test_reduce_is_deterministic(backend: str, device: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Bitwise-equal gradients across repeated runs, and across launch settings that keep the
-    summation order (tile sizes, unroll depth: each element still sums heads 0..n_rep-1)."""
+    summation order (tile sizes, unroll depth, warps, cache hints: each element still sums
+    heads 0..n_rep-1)."""
     g_k = make_tensor((2, 12, 40, 80), torch.bfloat16, "bnhd", device, seed=1)
     g_v = make_tensor((2, 12, 40, 24), torch.float32, "offset", device, seed=2)
     first = torch.ops.neuralops.gqa_reduce(g_k, g_v, 2, 12)
@@ -154,14 +155,17 @@ def test_reduce_is_deterministic(backend: str, device: str, monkeypatch: pytest.
 
     monkeypatch.setattr(launch_settings, "TARGET_PROGRAMS", 1)  # tiles as large as TILE_BYTES allows
     blocks = set()
-    for tile_bytes, unroll in [(512, 1), (4096, 4), (32768, 16)]:
+    for tile_bytes, unroll, hints, per_warp in [(512, 1, 0, 1024), (4096, 4, 1, 512), (32768, 16, 1, 2048)]:
         monkeypatch.setattr(launch_settings, "TILE_BYTES", tile_bytes)
         monkeypatch.setattr(launch_settings, "REDUCE_UNROLL", unroll)
+        monkeypatch.setattr(launch_settings, "CACHE_HINTS", hints)
+        monkeypatch.setattr(launch_settings, "REDUCE_SHORT_GROUP_BYTES_PER_WARP", per_warp)
         gqa_triton._reduce_plan.cache_clear()
         plan = gqa_triton._reduce_plan(
             g_k.shape, g_k.stride(), g_k.dtype, g_v.shape, g_v.stride(), g_v.dtype, 6
         )
         assert plan is not None and plan.meta["UNROLL"] == min(6, unroll)
+        assert plan.meta["LOAD_CACHE"] == (".cg" if hints else "")
         blocks.add((plan.meta["K_BLOCK_R"], plan.meta["K_BLOCK_C"]))
         for a, b in zip(torch.ops.neuralops.gqa_reduce(g_k, g_v, 2, 12), first):
             assert_bitwise_equal(a, b)
