@@ -60,3 +60,6 @@ def test_dtensor(backend: str, comm: str, ranks: int, tmp_path: Path) -> None:
     for rank, (proc, out) in enumerate(zip(procs, outputs)):
         assert proc.returncode == 0, f"rank {rank} exited {proc.returncode}:\n{out[-4000:]}"
     assert "ok " in outputs[0] and " checks" in outputs[0], outputs[0][-2000:]
+    skipped = [line for line in outputs[0].splitlines() if line.startswith("skipped: ")]
+    if skipped:
+        pytest.skip("every other check passed; " + "; ".join(skipped))
