@@ -192,8 +192,8 @@ def _reduce_tile(  # type: ignore[no-untyped-def]
     mask = (offs_r < rows)[:, None] & (offs_c < cols)[None, :]
     group = src + b * s_b + (j * N_REP) * s_h + offs_r[:, None] * s_r + offs_c[None, :] * s_c
     acc = tl.zeros((BLOCK_R, BLOCK_C), dtype=ACC_DTYPE)
-    # UNROLL loads are unrolled per step so they are in flight together; the summation
-    # order is fixed (head 0, 1, ..., n_rep - 1) whatever UNROLL is.
+    # UNROLL loads are unrolled per step so several are in flight together; the summation
+    # order is fixed (head 0, 1, ..., n_rep - 1) whatever UNROLL, the tiling or the hints.
     for r0 in range(0, N_REP - N_REP % UNROLL, UNROLL):
         for u in tl.static_range(UNROLL):
             x = tl.load(
