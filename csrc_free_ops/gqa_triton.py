@@ -14,6 +14,11 @@ dimension when the rows are packed, so the common case is a long 1-D run per hea
 transposed ``[B, N, H, D]`` view becomes a 2-D ``[rows, cols]`` tile with a row stride.
 Outputs are always contiguous. Offsets switch to 64-bit only when a tensor's reach needs it.
 
+Two ways in: ``expand_forward``/``reduce_backward`` launch now (eager calls), and with
+``traced=True`` they launch through ``torch.library.wrap_triton``, which is how the op
+decomposes under ``torch.compile``/AOTInductor: Inductor then sees the kernel launch and
+generates it itself, with the sizes as symbols where they are dynamic.
+
 This module launches; it does not validate (``neuralops_gqa.ops`` does, once, for the fake
 and real implementations alike) and registers nothing with ``torch.library``.
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -30,20 +36,20 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from csrc_free_ops import launch_settings
-from csrc_free_ops.launch_settings import Tiling, expand_tiling, reduce_tiling, rep_split
+from csrc_free_ops import launch_settings, private_internals
+from csrc_free_ops.launch_settings import Device, Tiling, expand_tiling, reduce_tiling, rep_split
 
 _INT32_LIMIT = 2**31 - 1
 
-# Element types Triton can't move bit-exactly on every target (float8 needs sm_89 for
-# its pointer type; bool loads are normalised to 0/1) travel as bytes of the same width.
-_BYTE_ALIASES = {
-    torch.bool: torch.uint8,
-    torch.float8_e4m3fn: torch.uint8,
-    torch.float8_e5m2: torch.uint8,
-    torch.float8_e4m3fnuz: torch.uint8,
-    torch.float8_e5m2fnuz: torch.uint8,
-}
+# Element types Triton moves as themselves. Every other dtype (bool, whose loads Triton
+# normalises to 0/1; the float8 and float4 types, whose pointers need a recent GPU or don't
+# exist; bits8/bits16; unsigned 16-64 bit) travels as the signed integer of its width: a
+# copy of the bits is a copy of the values, NaN payloads and -0.0 included.
+_NATIVE_DTYPES = frozenset(
+    {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16,
+     torch.int32, torch.int64, torch.uint8}
+)  # fmt: skip
+_INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 # The kernels' parameters carry no type annotations on purpose: Triton reads them.
@@ -72,11 +78,14 @@ def _expand_tile(  # type: ignore[no-untyped-def]
     BLOCK_C: tl.constexpr,
     INDEX_64: tl.constexpr,
     REP_MAJOR: tl.constexpr,
-    LOAD_EVICT: tl.constexpr,
-    STORE_CACHE: tl.constexpr,
+    HINTS: tl.constexpr,
 ):
     if INDEX_64:
+        # Every offset is built from the program index or from ``rows`` (the output head's
+        # size is rows * cols): widening those two makes every product 64-bit. A product
+        # of two 32-bit scalars would wrap before it is added to a 64-bit offset.
         t = t.to(tl.int64)
+        rows = rows * tl.full((), 1, tl.int64)
     if REP_MAJOR:
         # Consecutive programs write consecutive output: one rep chunk of a head, tile by
         # tile; the head's input is re-read from L2 for each chunk.
@@ -100,13 +109,20 @@ def _expand_tile(  # type: ignore[no-untyped-def]
     offs_c = tc * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (offs_r < rows)[:, None] & (offs_c < cols)[None, :]
     src_offs = b * s_b + h * s_h + offs_r[:, None] * s_r + offs_c[None, :] * s_c
-    tile = tl.load(src + src_offs, mask=mask, eviction_policy=LOAD_EVICT)
+    if HINTS:
+        tile = tl.load(src + src_offs, mask=mask, eviction_policy="evict_last")
+    else:
+        tile = tl.load(src + src_offs, mask=mask)
     head_elems = rows * cols
     dst_offs = offs_r[:, None] * cols + offs_c[None, :]
     first = chunk * reps_per_program
     last = tl.minimum(first + reps_per_program, n_rep)
     for r in range(first, last):
-        tl.store(dst + (bh * n_rep + r) * head_elems + dst_offs, tile, mask=mask, cache_modifier=STORE_CACHE)
+        out = dst + (bh * n_rep + r) * head_elems + dst_offs
+        if HINTS:
+            tl.store(out, tile, mask=mask, cache_modifier=".cs")
+        else:
+            tl.store(out, tile, mask=mask)
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -142,18 +158,26 @@ def expand_fwd_kernel(  # type: ignore[no-untyped-def]
     V_BLOCK_C: tl.constexpr,
     INDEX_64: tl.constexpr,
     REP_MAJOR: tl.constexpr,
-    LOAD_EVICT: tl.constexpr,
-    STORE_CACHE: tl.constexpr,
+    HINTS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid < k_programs:
         _expand_tile(k, k_out, pid, n_rep, kv_heads, k_rows, k_cols, k_sb, k_sh, k_sr, k_sc,
                      k_tiles_r, k_tiles_c, rep_chunks, reps_per_program,
-                     K_BLOCK_R, K_BLOCK_C, INDEX_64, REP_MAJOR, LOAD_EVICT, STORE_CACHE)  # fmt: skip
+                     K_BLOCK_R, K_BLOCK_C, INDEX_64, REP_MAJOR, HINTS)  # fmt: skip
     else:
         _expand_tile(v, v_out, pid - k_programs, n_rep, kv_heads, v_rows, v_cols, v_sb, v_sh,
                      v_sr, v_sc, v_tiles_r, v_tiles_c, rep_chunks, reps_per_program,
-                     V_BLOCK_R, V_BLOCK_C, INDEX_64, REP_MAJOR, LOAD_EVICT, STORE_CACHE)  # fmt: skip
+                     V_BLOCK_R, V_BLOCK_C, INDEX_64, REP_MAJOR, HINTS)  # fmt: skip
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def _load_grad(ptr, mask, HINTS: tl.constexpr):  # type: ignore[no-untyped-def]
+    # PTX takes a cache modifier or an eviction policy, not both.
+    if HINTS:
+        return tl.load(ptr, mask=mask, cache_modifier=".cg")
+    else:
+        return tl.load(ptr, mask=mask, eviction_policy="evict_first")
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -174,13 +198,16 @@ def _reduce_tile(  # type: ignore[no-untyped-def]
     UNROLL: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
-    ACC_DTYPE: tl.constexpr,
+    ACC64: tl.constexpr,
     INDEX_64: tl.constexpr,
-    LOAD_CACHE: tl.constexpr,
-    LOAD_EVICT: tl.constexpr,
+    HINTS: tl.constexpr,
 ):
     if INDEX_64:
+        # As in the expansion: the head stride times a rep index and rows * cols are
+        # products of scalars, so widen those scalars too, not only the program index.
         t = t.to(tl.int64)
+        rows = rows * tl.full((), 1, tl.int64)
+        s_h = s_h * tl.full((), 1, tl.int64)
     tc = t % tiles_c
     t = t // tiles_c
     tr = t % tiles_r
@@ -191,19 +218,17 @@ def _reduce_tile(  # type: ignore[no-untyped-def]
     offs_c = tc * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (offs_r < rows)[:, None] & (offs_c < cols)[None, :]
     group = src + b * s_b + (j * N_REP) * s_h + offs_r[:, None] * s_r + offs_c[None, :] * s_c
-    acc = tl.zeros((BLOCK_R, BLOCK_C), dtype=ACC_DTYPE)
+    if ACC64:
+        acc = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float64)
+    else:
+        acc = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
     # UNROLL loads are unrolled per step so several are in flight together; the summation
     # order is fixed (head 0, 1, ..., n_rep - 1) whatever UNROLL, the tiling or the hints.
     for r0 in range(0, N_REP - N_REP % UNROLL, UNROLL):
         for u in tl.static_range(UNROLL):
-            x = tl.load(
-                group + (r0 + u) * s_h, mask=mask, cache_modifier=LOAD_CACHE, eviction_policy=LOAD_EVICT
-            )
-            acc += x.to(ACC_DTYPE)
+            acc += _load_grad(group + (r0 + u) * s_h, mask, HINTS).to(acc.dtype)
     for u in tl.static_range(N_REP % UNROLL):
-        r = N_REP - N_REP % UNROLL + u
-        x = tl.load(group + r * s_h, mask=mask, cache_modifier=LOAD_CACHE, eviction_policy=LOAD_EVICT)
-        acc += x.to(ACC_DTYPE)
+        acc += _load_grad(group + (N_REP - N_REP % UNROLL + u) * s_h, mask, HINTS).to(acc.dtype)
     dst_offs = bh * (rows * cols) + offs_r[:, None] * cols + offs_c[None, :]
     tl.store(dst + dst_offs, acc.to(dst.dtype.element_ty), mask=mask)
 
@@ -238,21 +263,26 @@ def reduce_bwd_kernel(  # type: ignore[no-untyped-def]
     K_BLOCK_C: tl.constexpr,
     V_BLOCK_R: tl.constexpr,
     V_BLOCK_C: tl.constexpr,
-    K_ACC: tl.constexpr,
-    V_ACC: tl.constexpr,
+    K_ACC64: tl.constexpr,
+    V_ACC64: tl.constexpr,
     INDEX_64: tl.constexpr,
-    LOAD_CACHE: tl.constexpr,
-    LOAD_EVICT: tl.constexpr,
+    HINTS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid < k_programs:
         _reduce_tile(gk, gk_out, pid, kv_heads, k_rows, k_cols, k_sb, k_sh, k_sr, k_sc,
-                     k_tiles_r, k_tiles_c, N_REP, UNROLL, K_BLOCK_R, K_BLOCK_C, K_ACC, INDEX_64,
-                     LOAD_CACHE, LOAD_EVICT)  # fmt: skip
+                     k_tiles_r, k_tiles_c, N_REP, UNROLL, K_BLOCK_R, K_BLOCK_C, K_ACC64, INDEX_64,
+                     HINTS)  # fmt: skip
     else:
         _reduce_tile(gv, gv_out, pid - k_programs, kv_heads, v_rows, v_cols, v_sb, v_sh, v_sr,
-                     v_sc, v_tiles_r, v_tiles_c, N_REP, UNROLL, V_BLOCK_R, V_BLOCK_C, V_ACC, INDEX_64,
-                     LOAD_CACHE, LOAD_EVICT)  # fmt: skip
+                     v_sc, v_tiles_r, v_tiles_c, N_REP, UNROLL, V_BLOCK_R, V_BLOCK_C, V_ACC64,
+                     INDEX_64, HINTS)  # fmt: skip
+
+
+@triton.jit
+def _probe_store_kernel(out, value):  # type: ignore[no-untyped-def]
+    """Stores ``value``: how ``private_internals`` checks its direct launch path once."""
+    tl.store(out, value)
 
 
 def _layout(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, int, int, int, int, int]:
@@ -280,9 +310,23 @@ def _reach(shape: tuple[int, ...], layout: tuple[int, ...], tiling: Tiling, out_
     return max(src, b * out_heads * padded_r * padded_c)
 
 
+def _needs_index_64(reach: int) -> bool:
+    if isinstance(reach, int):
+        return reach > _INT32_LIMIT
+    # A symbolic size (torch.compile with dynamic shapes): 32-bit offsets only where the
+    # bound is known without a guard, so no size makes the compiled kernel wrap.
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return not statically_known_true(reach <= _INT32_LIMIT)
+
+
+def _bits_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a tensor of ``dtype`` travels as (itself, or the integer of its width)."""
+    return dtype if dtype in _NATIVE_DTYPES else _INT_OF_WIDTH[dtype.itemsize]
+
+
 def _as_copyable(x: Tensor) -> Tensor:
-    alias = _BYTE_ALIASES.get(x.dtype)
-    return x if alias is None else x.view(alias)
+    return x if x.dtype in _NATIVE_DTYPES else x.view(_INT_OF_WIDTH[x.element_size()])
 
 
 # Stand-ins for a tensor with no elements: its branch of the kernel gets no programs.
@@ -293,64 +337,21 @@ _EMPTY_TILING = Tiling(1, 1, 0, 0, 1)
 class Plan:
     """One launch's grid, scalar arguments and meta-parameters, plus its compiled kernels.
 
-    Plans are cached by shape, strides and element types; once a plan's kernel has been
-    compiled for a device, dtypes and pointer alignments, later calls launch the compiled
-    handle directly (``_launch``), skipping Triton's per-call argument binding: that
-    binding is most of an eager call's host time on small shapes.
+    Plans of concrete sizes are cached by shape, strides, element types and device; once a
+    plan's kernel has been compiled for a device, dtypes and pointer alignments, later eager
+    calls may launch the compiled handle directly (``private_internals``).
     """
 
     __slots__ = ("args", "compiled", "grid", "meta")
 
     def __init__(self, grid: tuple[int], args: tuple[int, ...], meta: dict[str, object]) -> None:
         self.grid, self.args, self.meta = grid, args, meta
-        # Launch key -> (Triton's compiled kernel, the constexpr values it takes last).
-        self.compiled: dict[tuple[object, ...], tuple[Any, list[object]]] = {}
+        # Launch key -> a direct launcher of Triton's compiled kernel (private_internals).
+        self.compiled: dict[tuple[object, ...], Callable[[int, tuple[Any, ...], tuple[int, ...]], bool]] = {}
 
 
-_RUNTIME_KNOBS = getattr(getattr(triton, "knobs", None), "runtime", None)
-
-
-def _launch_hooks_set() -> bool:
-    """Whether a profiler asked Triton for launch hooks (then launches keep Triton's own path)."""
-    if _RUNTIME_KNOBS is None:
-        return True
-    for hook in (_RUNTIME_KNOBS.launch_enter_hook, _RUNTIME_KNOBS.launch_exit_hook):
-        # Triton >= 3.4 keeps an always-present chain of hooks; older ones a callable or None.
-        calls = getattr(hook, "calls", None)
-        if bool(calls) if calls is not None else hook is not None:
-            return True
-    return False
-
-
-def _launch(kernel: triton.runtime.JITFunction, plan: Plan, tensors: tuple[Tensor, ...]) -> None:
-    """Launch ``kernel`` on the current stream of the tensors' device.
-
-    ``tensors`` is ``(in_a, in_b, out_a, out_b)``. Triton specialises a kernel on its
-    pointers' dtypes and 16-byte alignment; the outputs share the inputs' dtypes and come
-    fresh from the caching allocator (aligned), so the inputs alone key the compiled handle.
-    """
-    a, b = tensors[0], tensors[1]
-    index = a.get_device()
-    key = (index, a.dtype, b.dtype, a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0)
-    compiled = plan.compiled.get(key)
-    if compiled is None or _launch_hooks_set():
-        with torch.cuda.device(index):
-            compiled = kernel[plan.grid](*tensors, *plan.args, **plan.meta)
-        # The interpreter returns no handle; profilers' launch hooks need Triton's own path.
-        if compiled is not None and hasattr(compiled, "packed_metadata") and not _launch_hooks_set():
-            plan.compiled[key] = (
-                compiled,
-                [plan.meta[n] for n in kernel.arg_names[len(tensors) + len(plan.args) :]],
-            )
-        return
-    if index != torch._C._cuda_getDevice():
-        with torch.cuda.device(index):
-            return _launch(kernel, plan, tensors)
-    handle, constexprs = compiled
-    # The same call Triton's JIT makes after binding: grid, stream, function, metadata,
-    # no launch hooks, then every kernel parameter in declaration order.
-    handle.run(plan.grid[0], 1, 1, torch._C._cuda_getCurrentRawStream(index), handle.function,
-               handle.packed_metadata, None, None, None, *tensors, *plan.args, *constexprs)  # fmt: skip
+def _is_concrete(*dims: object) -> bool:
+    return all(isinstance(d, int) for d in dims)
 
 
 def _tensor_part(
@@ -361,7 +362,7 @@ def _tensor_part(
     tiling_for: Callable[..., Tiling],
 ) -> tuple[tuple[int, int, int, int, int, int], Tiling, int]:
     """One tensor's layout, tiling and program count (0 when it has no elements)."""
-    if math.prod(shape) == 0:
+    if _is_concrete(*shape) and math.prod(shape) == 0:
         return _EMPTY_LAYOUT, _EMPTY_TILING, 0
     layout = _layout(shape, stride)
     tiling = tiling_for(layout[0], layout[1], itemsize, heads)
@@ -386,15 +387,14 @@ def _plan_parts(
     for name, (layout, tiling, _) in zip("KV", parts):
         args += [*layout, tiling.tiles_r, tiling.tiles_c]
         meta[f"{name}_BLOCK_R"], meta[f"{name}_BLOCK_C"] = tiling.block_r, tiling.block_c
-    live = [(shape, layout, tiling) for shape, (layout, tiling, programs) in zip(shapes, parts) if programs]
-    if live:
-        meta["INDEX_64"] = max(_reach(*part, out_heads) for part in live) > _INT32_LIMIT
-        meta["num_warps"] = max(tiling.num_warps for _, _, tiling in live)
+    live = [(shape, layout, tiling) for shape, (layout, tiling, programs) in zip(shapes, parts)
+            if not _is_concrete(programs) or programs]  # fmt: skip
+    meta["INDEX_64"] = any(_needs_index_64(_reach(*part, out_heads)) for part in live)
+    meta["num_warps"] = max((tiling.num_warps for _, _, tiling in live), default=1)
     return [programs for _, _, programs in parts]
 
 
-@functools.lru_cache(maxsize=1024)
-def _expand_plan(
+def _expand_plan_any(
     k_shape: tuple[int, ...],
     k_stride: tuple[int, ...],
     k_itemsize: int,
@@ -402,49 +402,47 @@ def _expand_plan(
     v_stride: tuple[int, ...],
     v_itemsize: int,
     n_rep: int,
+    device: Device,
+    sizes_known: bool | None = None,
 ) -> Plan | None:
     """Grid, scalar arguments and meta-parameters of one expansion; ``None``: nothing to copy.
 
-    Cached by shape, strides and item sizes, so a repeated call skips this arithmetic.
+    ``sizes_known``: whether the rules may look at batch and sequence sizes; by default,
+    whether they are plain ints (not symbols of a dynamic-shape trace).
     """
+    known = _is_concrete(*k_shape, *v_shape) if sizes_known is None else sizes_known
     kv_heads = k_shape[1]
     args: list[int] = [n_rep, kv_heads]
-    meta: dict[str, object] = dict(launch_settings.expand_hints(n_rep))
+    meta: dict[str, object] = {"HINTS": launch_settings.cache_hints(n_rep)}
+    tiling = functools.partial(expand_tiling, device=device, sizes_known=known)
     programs = _plan_parts((k_shape, v_shape), (k_stride, v_stride), (k_itemsize, v_itemsize),
-                           k_shape[0] * kv_heads, kv_heads * n_rep, expand_tiling, args, meta)  # fmt: skip
-    if not any(programs):
+                           k_shape[0] * kv_heads, kv_heads * n_rep, tiling, args, meta)  # fmt: skip
+    if known and not any(programs):
         return None
-    plane_bytes = max(
-        shape[2] * shape[3] * itemsize
-        for shape, itemsize, count in zip((k_shape, v_shape), (k_itemsize, v_itemsize), programs)
-        if count
+    plane_bytes = 0
+    if known:
+        plane_bytes = max(
+            shape[2] * shape[3] * itemsize
+            for shape, itemsize, count in zip((k_shape, v_shape), (k_itemsize, v_itemsize), programs)
+            if count
+        )
+    rep_chunks, reps_per_program, meta["REP_MAJOR"] = rep_split(
+        sum(programs), n_rep, plane_bytes, device, sizes_known=known
     )
-    rep_chunks, reps_per_program, meta["REP_MAJOR"] = rep_split(sum(programs), n_rep, plane_bytes)
     k_programs, v_programs = (count * rep_chunks for count in programs)
     args += [rep_chunks, reps_per_program, k_programs]
     return Plan((k_programs + v_programs,), tuple(args), meta)
 
 
-def expand_forward(k: Tensor, v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]:
-    """``[B, H_kv, N, D] -> [B, H_kv * n_rep, N, D]`` for k and v in one launch."""
-    k_shape, v_shape = k.shape, v.shape
-    k_out = k.new_empty((k_shape[0], k_shape[1] * n_rep, k_shape[2], k_shape[3]))
-    v_out = v.new_empty((v_shape[0], v_shape[1] * n_rep, v_shape[2], v_shape[3]))
-    plan = _expand_plan(k_shape, k.stride(), k.element_size(), v_shape, v.stride(), v.element_size(), n_rep)
-    if plan is not None:
-        tensors = (_as_copyable(k), _as_copyable(v), _as_copyable(k_out), _as_copyable(v_out))
-        if k.is_cuda:
-            _launch(expand_fwd_kernel, plan, tensors)
-        else:
-            expand_fwd_kernel[plan.grid](*tensors, *plan.args, **plan.meta)
-    return k_out, v_out
+# Eager calls: cached by shape, strides, item sizes and device, so a repeated call skips
+# the arithmetic above.
+_expand_plan = functools.lru_cache(maxsize=1024)(_expand_plan_any)
 
 
-_ACC_DTYPES = {torch.float64: tl.float64}
+_ACC64 = {torch.float64}
 
 
-@functools.lru_cache(maxsize=1024)
-def _reduce_plan(
+def _reduce_plan_any(
     k_shape: tuple[int, ...],
     k_stride: tuple[int, ...],
     k_dtype: torch.dtype,
@@ -452,36 +450,131 @@ def _reduce_plan(
     v_stride: tuple[int, ...],
     v_dtype: torch.dtype,
     n_rep: int,
+    device: Device,
+    sizes_known: bool | None = None,
 ) -> Plan | None:
     """Grid, scalar arguments and meta-parameters of one reduction; ``None``: nothing to sum."""
+    known = _is_concrete(*k_shape, *v_shape) if sizes_known is None else sizes_known
     kv_heads = k_shape[1] // n_rep
     args: list[int] = [kv_heads]
     meta: dict[str, object] = {
         "N_REP": n_rep,
         "UNROLL": min(n_rep, launch_settings.REDUCE_UNROLL),
-        "K_ACC": _ACC_DTYPES.get(k_dtype, tl.float32),
-        "V_ACC": _ACC_DTYPES.get(v_dtype, tl.float32),
-        **launch_settings.reduce_hints(n_rep),
+        "K_ACC64": k_dtype in _ACC64,
+        "V_ACC64": v_dtype in _ACC64,
+        "HINTS": launch_settings.cache_hints(n_rep),
     }
-    tiling = functools.partial(reduce_tiling, n_rep=n_rep)
+    tiling = functools.partial(reduce_tiling, n_rep=n_rep, device=device, sizes_known=known)
     programs = _plan_parts((k_shape, v_shape), (k_stride, v_stride), (k_dtype.itemsize, v_dtype.itemsize),
                            k_shape[0] * kv_heads, kv_heads, tiling, args, meta)  # fmt: skip
-    if not any(programs):
+    if known and not any(programs):
         return None
     args.append(programs[0])
-    return Plan((sum(programs),), tuple(args), meta)
+    return Plan((programs[0] + programs[1],), tuple(args), meta)
 
 
-def reduce_backward(grad_k: Tensor, grad_v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]:
+_reduce_plan = functools.lru_cache(maxsize=1024)(_reduce_plan_any)
+
+
+def _device_of(x: Tensor) -> Device:
+    return launch_settings.cuda_device(x.get_device()) if x.is_cuda else launch_settings.REFERENCE_DEVICE
+
+
+# Triton's interpreter keeps per-launch state in module globals: two threads interpreting
+# kernels at once break each other. Interpreted launches (CPU tensors) take turns.
+_INTERPRETER_LOCK = threading.Lock()
+
+
+def _launch(kernel: Any, plan: Plan, tensors: tuple[Tensor, ...]) -> None:
+    """Launch ``kernel`` now, on the current stream of the tensors' device.
+
+    ``tensors`` is ``(in_a, in_b, out_a, out_b)``. Triton specialises a kernel on its
+    pointers' dtypes and 16-byte alignment; the outputs share the inputs' dtypes and come
+    fresh from the caching allocator (aligned), so the inputs alone key the compiled kernel.
+    """
+    a, b = tensors[0], tensors[1]
+    if not a.is_cuda:
+        with _INTERPRETER_LOCK:
+            kernel[plan.grid](*tensors, *plan.args, **plan.meta)
+        return
+    index = a.get_device()
+    key = (index, a.dtype, b.dtype, a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0)
+    direct = plan.compiled.get(key)
+    if direct is not None and direct(plan.grid[0], tensors, plan.args):
+        return
+    with torch.cuda.device(index):
+        compiled = kernel[plan.grid](*tensors, *plan.args, **plan.meta)
+    direct = private_internals.direct_launcher(
+        kernel, compiled, plan.meta, len(tensors) + len(plan.args), index, _probe_store_kernel
+    )
+    if direct is not None:
+        plan.compiled[key] = direct
+
+
+def _alloc(x: Tensor, heads: int, traced: bool) -> tuple[Tensor, Tensor]:
+    """``(result, what the kernel writes)``: a new ``[B, heads, N, D]`` tensor like ``x``.
+
+    The kernel writes the bits dtype. Eager calls allocate the result and view it; traced
+    calls allocate the bits and view back, so the kernel never writes through a view.
+    """
+    shape = (x.shape[0], heads, x.shape[2], x.shape[3])
+    if not traced:
+        out = x.new_empty(shape)
+        return out, _as_copyable(out)
+    bits = x.new_empty(shape, dtype=_bits_dtype(x.dtype))
+    return (bits if bits.dtype == x.dtype else bits.view(x.dtype)), bits
+
+
+def expand_forward(k: Tensor, v: Tensor, n_rep: int, traced: bool = False) -> tuple[Tensor, Tensor]:
+    """``[B, H_kv, N, D] -> [B, H_kv * n_rep, N, D]`` for k and v in one launch.
+
+    ``traced``: launch through ``torch.library.wrap_triton`` (sizes may be symbolic).
+    """
+    k_shape, v_shape = k.shape, v.shape
+    k_out, k_bits = _alloc(k, k_shape[1] * n_rep, traced)
+    v_out, v_bits = _alloc(v, v_shape[1] * n_rep, traced)
+    args = (
+        k_shape,
+        k.stride(),
+        k.element_size(),
+        v_shape,
+        v.stride(),
+        v.element_size(),
+        n_rep,
+        _device_of(k),
+    )
+    plan = (
+        _expand_plan(*args)
+        if not traced or _is_concrete(*k_shape, *v_shape, *args[1], *args[4])
+        else _expand_plan_any(*args)
+    )
+    if plan is not None:
+        tensors = (_as_copyable(k), _as_copyable(v), k_bits, v_bits)
+        if traced:
+            torch.library.wrap_triton(expand_fwd_kernel)[plan.grid](*tensors, *plan.args, **plan.meta)
+        else:
+            _launch(expand_fwd_kernel, plan, tensors)
+    return k_out, v_out
+
+
+def reduce_backward(
+    grad_k: Tensor, grad_v: Tensor, n_rep: int, traced: bool = False
+) -> tuple[Tensor, Tensor]:
     """``[B, H, N, D] -> [B, H // n_rep, N, D]``, summing each group, both gradients in one launch."""
     k_shape, v_shape = grad_k.shape, grad_v.shape
     gk_out = grad_k.new_empty((k_shape[0], k_shape[1] // n_rep, k_shape[2], k_shape[3]))
     gv_out = grad_v.new_empty((v_shape[0], v_shape[1] // n_rep, v_shape[2], v_shape[3]))
-    plan = _reduce_plan(k_shape, grad_k.stride(), grad_k.dtype, v_shape, grad_v.stride(), grad_v.dtype, n_rep)
+    args = (k_shape, grad_k.stride(), grad_k.dtype, v_shape, grad_v.stride(), grad_v.dtype, n_rep,
+            _device_of(grad_k))  # fmt: skip
+    plan = (
+        _reduce_plan(*args)
+        if not traced or _is_concrete(*k_shape, *v_shape, *args[1], *args[4])
+        else _reduce_plan_any(*args)
+    )
     if plan is not None:
         tensors = (grad_k, grad_v, gk_out, gv_out)
-        if grad_k.is_cuda:
-            _launch(reduce_bwd_kernel, plan, tensors)
+        if traced:
+            torch.library.wrap_triton(reduce_bwd_kernel)[plan.grid](*tensors, *plan.args, **plan.meta)
         else:
-            reduce_bwd_kernel[plan.grid](*tensors, *plan.args, **plan.meta)
+            _launch(reduce_bwd_kernel, plan, tensors)
     return gk_out, gv_out

@@ -42,7 +42,7 @@ def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple
         (torch.Size([2, 32, 16, 64]), True)
     """
     if num_heads == num_kv_heads:
-        ops.check_inputs("gqa_expand", ("k", "v"), k, v, num_kv_heads, num_heads)
+        ops.check_inputs("gqa_expand", ("k", "v"), k, v, num_kv_heads, num_heads, concrete=True)
         return k, v
     expanded: tuple[Tensor, Tensor] = torch.ops.neuralops.gqa_expand(k, v, num_kv_heads, num_heads)
     return expanded
@@ -65,23 +65,31 @@ def repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
         ``n_rep == 1``.
 
     Raises:
-        ValueError: ``n_rep`` is not positive or ``hidden_states`` is not 4-D.
+        TypeError: ``hidden_states`` is not a tensor or ``n_rep`` not an int.
+        ValueError: ``n_rep`` is not positive or ``hidden_states`` is not 4-D (whatever
+            ``n_rep``, 1 included).
 
     Example:
         >>> x = torch.randn(1, 2, 3, 4)
         >>> bool((repeat_kv(x, 3) == x.repeat_interleave(3, dim=1)).all())
         True
     """
-    # Plain ifs: n_rep is a Python int and the rank is static, also under torch.compile,
-    # and an eager call is a hot path.
-    if n_rep == 1:
-        return hidden_states
-    if n_rep < 1:
-        raise ValueError(f"repeat_kv: n_rep must be a positive int, got {n_rep}")
+    # The same checks whatever n_rep, so n_rep == 1 can't pass what n_rep == 2 refuses.
+    # Messages are formatted only when a check fails: an eager call is a hot path.
+    if not isinstance(hidden_states, Tensor):
+        raise TypeError(f"repeat_kv: hidden_states must be a Tensor, got {type(hidden_states).__name__}")
+    if isinstance(n_rep, bool) or not isinstance(n_rep, (int, torch.SymInt)):
+        raise TypeError(f"repeat_kv: n_rep must be an int, got {type(n_rep).__name__}")
     if hidden_states.dim() != 4:
-        raise ValueError(
+        message = (
             f"repeat_kv: hidden_states must be 4-D [B, H_kv, N, D], got shape {tuple(hidden_states.shape)}"
         )
+        torch._check_value(False, lambda: message)
+    if n_rep < 1:
+        message = f"repeat_kv: n_rep must be a positive int, got {n_rep}"
+        torch._check_value(False, lambda: message)
+    if n_rep == 1:
+        return hidden_states
     kv_heads = hidden_states.shape[1]
     out: Tensor  # torch.ops is untyped; the schema returns (Tensor, Tensor)
     out, _ = torch.ops.neuralops.gqa_expand(

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
+from csrc_free_ops import private_internals
 from csrc_free_ops.reference import expand_reference, reduce_reference
 
 if TYPE_CHECKING:
@@ -28,19 +29,27 @@ if TYPE_CHECKING:
     from torch._functorch.autograd_function import VmapInfo
     from torch._library.custom_ops import CustomOpDef
 
-    # An op's implementation, and the same with the dispatch keyset first (an autograd kernel).
-    _Impl: TypeAlias = Callable[[Tensor, Tensor, int, int], tuple[Tensor, Tensor]]
-    _KeyedImpl: TypeAlias = Callable[[torch._C.DispatchKeySet, Tensor, Tensor, int, int], tuple[Tensor, ...]]
-
 BACKEND_ENV = "NEURALOPS_GQA_BACKEND"
 """Environment variable read on every call: ``auto`` (default), ``triton`` or ``torch``.
 
 ``auto`` runs the Triton kernels on CUDA tensors and the PyTorch reference elsewhere;
 ``triton`` forces the kernels (on a CPU only with ``TRITON_INTERPRET=1``); ``torch`` forces
-the reference.
+the reference. Case and surrounding blanks don't matter; any other value is a ``ValueError``
+from every call, eager, traced or on meta tensors.
 """
 _BACKENDS = ("auto", "triton", "torch")
 _REDUCE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def backend() -> str:
+    """The backend ``NEURALOPS_GQA_BACKEND`` asks for, normalised; a ``ValueError`` if unknown."""
+    raw = os.environ.get(BACKEND_ENV)
+    if raw is None:
+        return "auto"
+    name = raw.strip().lower()
+    if name not in _BACKENDS:
+        raise ValueError(f"{BACKEND_ENV} must be one of {', '.join(_BACKENDS)}, got {raw!r}")
+    return name
 
 
 # --- validation: one function, called by the real and the fake implementations ---------
@@ -68,6 +77,7 @@ def check_inputs(
     and returns if it passes: the eager call is a hot path.
     """
     reduce = op == "gqa_reduce"
+    backend()
     for name, x in zip(names, (a, b)):
         if not isinstance(x, Tensor):  # the schema lets None through as an undefined tensor
             raise TypeError(f"{op}: {name} must be a Tensor, got {type(x).__name__}")
@@ -94,52 +104,53 @@ def check_inputs(
             return
     for name, x in zip(names, (a, b)):
         _check_tensor(op, name, x, reduce)
-    torch._check(
+    _require(
         a.device == b.device,
-        lambda: f"{op}: {names[0]} and {names[1]} must be on one device, got {a.device} and {b.device}",
+        f"{op}: {names[0]} and {names[1]} must be on one device, got {a.device} and {b.device}",
+        RuntimeError,
     )
-    torch._check_value(num_kv_heads > 0, lambda: f"{op}: num_kv_heads must be positive, got {num_kv_heads}")
-    torch._check_value(num_heads > 0, lambda: f"{op}: num_heads must be positive, got {num_heads}")
-    torch._check_value(
+    _require(num_kv_heads > 0, f"{op}: num_kv_heads must be positive, got {num_kv_heads}")
+    _require(num_heads > 0, f"{op}: num_heads must be positive, got {num_heads}")
+    _require(
         num_heads % num_kv_heads == 0,
-        lambda: f"{op}: num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})",
+        f"{op}: num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})",
     )
     head_arg, heads = ("num_heads", num_heads) if reduce else ("num_kv_heads", num_kv_heads)
-    torch._check_value(
-        a.shape[1] == heads,
-        lambda: f"{op}: {names[0]}.shape[1] ({a.shape[1]}) must equal {head_arg} ({heads})",
-    )
+    _require(a.shape[1] == heads, f"{op}: {names[0]}.shape[1] ({a.shape[1]}) must equal {head_arg} ({heads})")
     for dim, what in ((0, "batch"), (1, "head"), (2, "sequence")):
-        _check_same_dim(op, names, a, b, dim, what)
+        _require(
+            a.shape[dim] == b.shape[dim],
+            f"{op}: {names[0]} and {names[1]} must agree in the {what} dim {dim}, "
+            f"got {names[0]} {tuple(a.shape)} and {names[1]} {tuple(b.shape)}",
+        )
+
+
+def _require(cond: bool, message: str, error: type[Exception] = ValueError) -> None:
+    """``torch._check_value`` (``ValueError``) or ``torch._check`` (``RuntimeError``) with ``message``.
+
+    Messages are formatted before the check, so the closure holds a constant and
+    ``torch.compile`` can trace it; the fast path of ``check_inputs`` keeps this formatting
+    off an eager call's hot path.
+    """
+    if error is ValueError:
+        torch._check_value(cond, lambda: message)
+    else:
+        torch._check(cond, lambda: message)
 
 
 def _check_tensor(op: str, name: str, x: Tensor, reduce: bool) -> None:
-    torch._check_value(
-        x.dim() == 4, lambda: f"{op}: {name} must be 4-D [B, H, N, D], got shape {tuple(x.shape)}"
-    )
-    torch._check_value(
+    _require(x.dim() == 4, f"{op}: {name} must be 4-D [B, H, N, D], got shape {tuple(x.shape)}")
+    _require(
         x.layout == torch.strided and not x.is_quantized,
-        lambda: f"{op}: {name} must be a dense tensor, got layout {x.layout} and dtype {x.dtype}",
+        f"{op}: {name} must be a dense tensor, got layout {x.layout} and dtype {x.dtype}",
     )
     if reduce:
-        torch._check_value(
+        _require(
             x.dtype in _REDUCE_DTYPES,
-            lambda: f"{op}: {name} must be float16, bfloat16, float32 or float64, got {x.dtype}",
+            f"{op}: {name} must be float16, bfloat16, float32 or float64, got {x.dtype}",
         )
     else:
-        torch._check_value(
-            not x.dtype.is_complex, lambda: f"{op}: {name} must have a real dtype, got {x.dtype}"
-        )
-
-
-def _check_same_dim(op: str, names: tuple[str, str], a: Tensor, b: Tensor, dim: int, what: str) -> None:
-    torch._check_value(
-        a.shape[dim] == b.shape[dim],
-        lambda: (
-            f"{op}: {names[0]} and {names[1]} must agree in the {what} dim {dim}, "
-            f"got {names[0]} {tuple(a.shape)} and {names[1]} {tuple(b.shape)}"
-        ),
-    )
+        _require(not x.dtype.is_complex, f"{op}: {name} must have a real dtype, got {x.dtype}")
 
 
 # --- backend choice: read on every call, so tests and users can switch at run time ----
@@ -149,9 +160,13 @@ if TYPE_CHECKING:
     class _Kernels(Protocol):
         """What this module calls in ``csrc_free_ops.gqa_triton`` (the module satisfies it)."""
 
-        def expand_forward(self, k: Tensor, v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]: ...
+        def expand_forward(
+            self, k: Tensor, v: Tensor, n_rep: int, traced: bool = False
+        ) -> tuple[Tensor, Tensor]: ...
 
-        def reduce_backward(self, grad_k: Tensor, grad_v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]: ...
+        def reduce_backward(
+            self, grad_k: Tensor, grad_v: Tensor, n_rep: int, traced: bool = False
+        ) -> tuple[Tensor, Tensor]: ...
 
 
 _triton_module: _Kernels | None = None
@@ -168,28 +183,42 @@ def _triton_kernels() -> _Kernels:
 
 
 def _use_triton(x: Tensor) -> bool:
-    backend = os.environ.get(BACKEND_ENV, "auto")
-    if backend == "auto":
+    choice = backend()
+    if choice == "auto":
         return x.is_cuda
-    if backend == "torch":
+    if choice == "torch":
         return False
-    if backend == "triton":
-        torch._check(
-            x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1",
-            lambda: (
-                f"{BACKEND_ENV}=triton on a {x.device.type} tensor needs TRITON_INTERPRET=1 "
-                "(the Triton interpreter) set before neuralops_gqa runs its first kernel"
-            ),
-        )
-        return True
-    raise ValueError(f"{BACKEND_ENV} must be one of {', '.join(_BACKENDS)}, got {backend!r}")
+    torch._check(
+        x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1",
+        lambda: (
+            f"{BACKEND_ENV}=triton on a {x.device.type} tensor needs TRITON_INTERPRET=1 "
+            "(the Triton interpreter) set before neuralops_gqa runs its first kernel"
+        ),
+    )
+    return True
 
 
 # --- the ops ---------------------------------------------------------------------------
 
 
+def _refuse_tangents(op: str, a: Tensor, b: Tensor) -> None:
+    """Forward-mode AD without the private fast path: an error, never zero tangents."""
+    # Level 0: PyTorch's one forward-AD level (a traced jvp enters it without forward_ad knowing).
+    if (
+        forward_ad.unpack_dual(a, level=0).tangent is not None
+        or forward_ad.unpack_dual(b, level=0).tangent is not None
+    ):
+        raise RuntimeError(
+            f"{op}: forward-mode AD (torch.func.jvp, jacfwd, torch.autograd.forward_ad) through this op "
+            f"needs the op's own autograd kernel, which {private_internals.ENV}=0 turns off"
+        )
+
+
 def _expand_impl(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
+    """The eager implementation on real tensors: the Triton kernels or the reference."""
     check_inputs("gqa_expand", ("k", "v"), k, v, num_kv_heads, num_heads, concrete=True)
+    if not private_internals.ENABLED:
+        _refuse_tangents("gqa_expand", k, v)
     n_rep = num_heads // num_kv_heads
     if _use_triton(k):
         return _triton_kernels().expand_forward(k, v, n_rep)
@@ -198,15 +227,53 @@ def _expand_impl(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tup
 
 def _reduce_impl(grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
     check_inputs("gqa_reduce", ("grad_k", "grad_v"), grad_k, grad_v, num_kv_heads, num_heads, concrete=True)
+    if not private_internals.ENABLED:
+        _refuse_tangents("gqa_reduce", grad_k, grad_v)
     if _use_triton(grad_k):
         return _triton_kernels().reduce_backward(grad_k, grad_v, num_heads // num_kv_heads)
     return reduce_reference(grad_k, num_kv_heads), reduce_reference(grad_v, num_kv_heads)
 
 
-# custom_op gives the schema, functionalization and the autograd plumbing in one place;
-# int annotations become SymInt so dynamic head counts trace. Its implementation serves
-# every device; CUDA gets a direct registration below.
-@torch.library.custom_op("neuralops::gqa_expand", mutates_args=())
+# What a compiler sees when it takes the op apart (see the op definitions below): on CUDA
+# with the Triton backend, the kernel launches through ``wrap_triton``, which Inductor
+# generates code for; everywhere else the reference, in ATen ops Inductor lowers itself.
+# The Triton interpreter stays out of compiled code: it can't run on fake tensors.
+def _expand_in_aten(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
+    n_rep = num_heads // num_kv_heads
+    return expand_reference(k, n_rep), expand_reference(v, n_rep)
+
+
+def _reduce_in_aten(
+    grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: int
+) -> tuple[Tensor, Tensor]:
+    return reduce_reference(grad_k, num_kv_heads), reduce_reference(grad_v, num_kv_heads)
+
+
+def _expand_traceable(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
+    check_inputs("gqa_expand", ("k", "v"), k, v, num_kv_heads, num_heads)
+    if k.is_cuda and _use_triton(k):
+        return _triton_kernels().expand_forward(k, v, num_heads // num_kv_heads, traced=True)
+    return _expand_in_aten(k, v, num_kv_heads, num_heads)
+
+
+def _reduce_traceable(
+    grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: int
+) -> tuple[Tensor, Tensor]:
+    check_inputs("gqa_reduce", ("grad_k", "grad_v"), grad_k, grad_v, num_kv_heads, num_heads)
+    if grad_k.is_cuda and _use_triton(grad_k):
+        return _triton_kernels().reduce_backward(grad_k, grad_v, num_heads // num_kv_heads, traced=True)
+    return _reduce_in_aten(grad_k, grad_v, num_kv_heads, num_heads)
+
+
+# triton_op is custom_op plus one rule: when AOTDispatcher functionalizes a graph for a
+# compiler (torch.compile's Inductor, AOTInductor), the op is replaced by its body, so the
+# compiler launches our kernels from its own generated code (or lowers the reference):
+# no call back into Python, and an AOTInductor package that needs no Python. torch.export
+# keeps the op whole (one readable, serializable node); ``aten_decompositions()`` and
+# ``neuralops_gqa.onnx`` take it apart where a consumer needs standard ops. The body is
+# what the compiler sees; eager calls go to ``_expand_impl`` (registered per device below).
+# int annotations become SymInt, so dynamic head counts trace.
+@torch.library.triton_op("neuralops::gqa_expand", mutates_args=())
 def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
     """``[B, H_kv, N, D] -> [B, num_heads, N, D]`` for k and v: head ``h`` copies KV head ``h // n_rep``.
 
@@ -236,10 +303,10 @@ def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple
         >>> tuple(v4.shape), bool((k4 == k.repeat_interleave(2, dim=1)).all())
         ((1, 4, 3, 8), True)
     """
-    return _expand_impl(k, v, num_kv_heads, num_heads)
+    return _expand_traceable(k, v, num_kv_heads, num_heads)
 
 
-@torch.library.custom_op("neuralops::gqa_reduce", mutates_args=())
+@torch.library.triton_op("neuralops::gqa_reduce", mutates_args=())
 def gqa_reduce(grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
     """``[B, num_heads, N, D] -> [B, H_kv, N, D]``: KV head ``j`` sums its group's ``n_rep`` heads.
 
@@ -269,32 +336,63 @@ def gqa_reduce(grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: int
         >>> tuple(gk.shape), gk[0, 0, 0, 0].item()
         ((1, 2, 3, 2), 2.0)
     """
-    return _reduce_impl(grad_k, grad_v, num_kv_heads, num_heads)
+    return _reduce_traceable(grad_k, grad_v, num_kv_heads, num_heads)
 
 
-# The CUDA kernels registered straight on the dispatcher's CUDA key: custom_op's own
-# per-device wrapper (a dynamo-disable context and an aliasing check on every call) costs
-# microseconds that an eager call of a small shape can't spare. The outputs are always
-# fresh tensors, so the aliasing check has nothing to find.
-_cuda_lib = torch.library.Library("neuralops", "IMPL")
-_cuda_lib.impl("gqa_expand", _expand_impl, "CUDA")
-_cuda_lib.impl("gqa_reduce", _reduce_impl, "CUDA")
+# Eager kernels per device. With the private fast paths on, straight on the dispatcher's
+# CPU and CUDA keys: custom_op's own per-device wrapper (a dynamo-disable context and an
+# aliasing check on every call) costs microseconds that an eager call of a small shape
+# can't spare, and the outputs are always fresh tensors, so the aliasing check has nothing
+# to find. Other devices run the body, i.e. the reference.
+_kernels_lib = torch.library.Library("neuralops", "IMPL")
+_OPS = (("gqa_expand", gqa_expand, _expand_impl), ("gqa_reduce", gqa_reduce, _reduce_impl))
+for _name, _op, _impl in _OPS:
+    for _device in ("cpu", "cuda"):
+        if private_internals.ENABLED:
+            _kernels_lib.impl(_name, _impl, _device.upper())
+        else:
+            _op.register_kernel(_device, _impl)
+
+
+def aten_decompositions() -> dict[torch._ops.OperatorBase, Callable[..., tuple[Tensor, Tensor]]]:
+    """Both ops in plain ATen ops, for backends that take ATen graphs only.
+
+    ``torch.export`` keeps each op as one node; this table takes them apart:
+
+        ep = ep.run_decompositions(neuralops_gqa.aten_decompositions())
+
+    The result holds no ``neuralops`` node and needs neither this package nor Triton to run.
+    The ATen form is the PyTorch reference: a broadcasting copy (forward) and a float32
+    group sum (backward; float64 for float64), the same values as the ops.
+
+    Example:
+        >>> sorted(str(op) for op in aten_decompositions())
+        ['neuralops.gqa_expand.default', 'neuralops.gqa_reduce.default']
+    """
+    return {
+        torch.ops.neuralops.gqa_expand.default: _expand_in_aten,
+        torch.ops.neuralops.gqa_reduce.default: _reduce_in_aten,
+    }
 
 
 # Fake implementations: shapes only, for FakeTensor/meta tracing (compile, export). They
 # validate exactly like the real ones, so bad input fails at trace time with the same message.
-@gqa_expand.register_fake
+@gqa_expand.register_fake  # type: ignore[untyped-decorator]  # triton_op is typed as a plain Callable
 def _gqa_expand_fake(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
     check_inputs("gqa_expand", ("k", "v"), k, v, num_kv_heads, num_heads)
+    if not private_internals.ENABLED:
+        _refuse_tangents("gqa_expand", k, v)
     batch, _, seq, _ = k.shape
     return k.new_empty((batch, num_heads, seq, k.shape[3])), v.new_empty((batch, num_heads, seq, v.shape[3]))
 
 
-@gqa_reduce.register_fake
+@gqa_reduce.register_fake  # type: ignore[untyped-decorator]
 def _gqa_reduce_fake(
     grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: int
 ) -> tuple[Tensor, Tensor]:
     check_inputs("gqa_reduce", ("grad_k", "grad_v"), grad_k, grad_v, num_kv_heads, num_heads)
+    if not private_internals.ENABLED:
+        _refuse_tangents("gqa_reduce", grad_k, grad_v)
     batch, _, seq, _ = grad_k.shape
     return (
         grad_k.new_empty((batch, num_kv_heads, seq, grad_k.shape[3])),
@@ -368,6 +466,23 @@ gqa_expand.register_autograd(_expand_backward, setup_context=_setup_context)
 gqa_reduce.register_autograd(_reduce_backward, setup_context=_setup_context)
 
 
+def _refuse_jagged(cls: type, op: object, types: object, args: tuple[object, ...], kwargs: object) -> None:
+    name = str(op).split(".")[1]
+    raise ValueError(
+        f"{name}: jagged nested tensors are not supported; the op takes dense [B, H, N, D] tensors "
+        "(pad them, e.g. with to_padded_tensor(0), or call it on each sequence)"
+    )
+
+
+# Jagged nested tensors would otherwise raise PyTorch's bare NotImplementedError.
+_jagged = private_internals.jagged_tensor_class()
+if _jagged is not None:
+    for _name, _op, _ in _OPS:
+        torch.library.register_torch_dispatch(
+            f"neuralops::{_name}", _jagged, _refuse_jagged, lib=_kernels_lib
+        )
+
+
 # vmap: the vmapped dim folds into the batch dim, one launch for the whole batch (instead
 # of PyTorch's per-sample loop). An input that is not vmapped is broadcast to the batch.
 def _fold_batch(x: Tensor, dim: int | None, size: int) -> Tensor:
@@ -375,7 +490,19 @@ def _fold_batch(x: Tensor, dim: int | None, size: int) -> Tensor:
     return x.flatten(0, 1)
 
 
-def _vmap_rule(op: CustomOpDef) -> Callable[..., tuple[tuple[Tensor, Tensor], tuple[int, int]]]:
+def _sample(x: Tensor, dim: int | None) -> Tensor:
+    """One vmap sample of ``x`` (a view)."""
+    return x if dim is None else x.select(dim, 0)
+
+
+# The checks as a sample sees them, so an error under vmap quotes the user's shapes and not
+# the folded ones (bound once here: the op's own check_inputs stays the one per call).
+_check_sample = check_inputs
+
+
+def _vmap_rule(
+    op: CustomOpDef, name: str, names: tuple[str, str]
+) -> Callable[..., tuple[tuple[Tensor, Tensor], tuple[int, int]]]:
     def rule(
         info: VmapInfo,
         in_dims: tuple[int | None, ...],
@@ -385,6 +512,10 @@ def _vmap_rule(op: CustomOpDef) -> Callable[..., tuple[tuple[Tensor, Tensor], tu
         num_heads: int,
     ) -> tuple[tuple[Tensor, Tensor], tuple[int, int]]:
         size = info.batch_size
+        if size:  # an empty vmap has no sample to show; the folded call still checks
+            _check_sample(
+                name, names, _sample(a, in_dims[0]), _sample(b, in_dims[1]), num_kv_heads, num_heads
+            )
         out_a, out_b = op(
             _fold_batch(a, in_dims[0], size), _fold_batch(b, in_dims[1], size), num_kv_heads, num_heads
         )
@@ -394,93 +525,18 @@ def _vmap_rule(op: CustomOpDef) -> Callable[..., tuple[tuple[Tensor, Tensor], tu
     return rule
 
 
-gqa_expand.register_vmap(_vmap_rule(gqa_expand))
-gqa_reduce.register_vmap(_vmap_rule(gqa_reduce))
+gqa_expand.register_vmap(_vmap_rule(gqa_expand, "gqa_expand", ("k", "v")))
+gqa_reduce.register_vmap(_vmap_rule(gqa_reduce, "gqa_reduce", ("grad_k", "grad_v")))
 
 
 # --- the autograd kernel ---------------------------------------------------------------
 # custom_op's autograd kernel is Python that every call crosses, gradients or not (about
 # 30 us of a 60 us eager call on the H200 host), and it drops forward-mode tangents
-# (`torch.func.jvp`, `jacfwd`, `torch.autograd.forward_ad`) without a word. This kernel
-# wraps it: plain tensors that need no gradient go straight to the implementation; inputs
-# with tangents get theirs from the same op (both ops are linear, so the tangent of the
-# output is the op applied to the tangents); everything else (inputs that require grad,
-# tensor subclasses, dispatch modes, functionalization, functorch transforms, and tensors
-# whose keys below autograd must act first: lazily negated or conjugated views, zero
-# tensors, sparse, quantized and nested layouts) goes to custom_op's own kernel, built from
-# the same registration, which redispatches through those keys.
-_SLOW_PATH_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
-for _key in (
-    "Negative",
-    "Conjugate",
-    "ZeroTensor",
-    "Sparse",
-    "SparseCsr",
-    "Quantized",
-    "NestedTensor",
-    "PythonTLSSnapshot",
-    "PythonDispatcher",
-    "Functionalize",
-    "FuncTorchBatched",
-    "FuncTorchGradWrapper",
-    "FuncTorchVmapMode",
-    "FuncTorchDynamicLayerFrontMode",
-    "FuncTorchDynamicLayerBackMode",
-):
-    if hasattr(torch._C.DispatchKey, _key):  # not every key exists in every torch version
-        _SLOW_PATH_KEYS = _SLOW_PATH_KEYS | torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, _key))
-
-
-def _autograd_kernel(impl: _Impl, custom_op: CustomOpDef) -> _KeyedImpl:
-    from torch._library.autograd import make_autograd_impl
-
-    slow: _KeyedImpl = make_autograd_impl(custom_op._opoverload, custom_op)
-
-    def with_tangents(
-        keyset: torch._C.DispatchKeySet, a: Tensor, b: Tensor, num_kv_heads: int, num_heads: int
-    ) -> tuple[Tensor, ...] | None:
-        (pa, ta), (pb, tb) = forward_ad.unpack_dual(a), forward_ad.unpack_dual(b)
-        if ta is None and tb is None:
-            return None
-        # The primals keep their backward history; the dual tensors would send custom_op's
-        # autograd.Function, which has no jvp, into forward-mode AD and fail.
-        out = slow(keyset, pa, pb, num_kv_heads, num_heads)
-        tangents = custom_op(
-            torch.zeros_like(pa) if ta is None else ta,
-            torch.zeros_like(pb) if tb is None else tb,
-            num_kv_heads,
-            num_heads,
-        )
-        return tuple(forward_ad.make_dual(o, t) for o, t in zip(out, tangents))
-
-    def autograd_kernel(
-        keyset: torch._C.DispatchKeySet,
-        a: Tensor | None,
-        b: Tensor | None,
-        num_kv_heads: int,
-        num_heads: int,
-    ) -> tuple[Tensor, ...]:
-        if a is None or b is None:  # the schema lets None through; the implementation names it
-            return impl(a, b, num_kv_heads, num_heads)  # type: ignore[arg-type]
-        if forward_ad._current_level >= 0:
-            out = with_tangents(keyset, a, b, num_kv_heads, num_heads)
-            if out is not None:
-                return out
-        elif (
-            (keyset & _SLOW_PATH_KEYS).raw_repr() == 0
-            and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))
-            and torch._C._len_torch_dispatch_stack() == 0
-        ):
-            return impl(a, b, num_kv_heads, num_heads)
-        return slow(keyset, a, b, num_kv_heads, num_heads)
-
-    return autograd_kernel
-
-
-try:
-    for _op, _impl in ((gqa_expand, _expand_impl), (gqa_reduce, _reduce_impl)):
-        _kernel = _autograd_kernel(_impl, _op)
+# (`torch.func.jvp`, `jacfwd`, `torch.autograd.forward_ad`) without a word. The fast kernel
+# (csrc_free_ops.private_internals) sends plain tensors that need no gradient straight to
+# the implementation, computes tangents, and leaves everything else to custom_op's kernel.
+for _name, _op, _impl in _OPS:
+    _kernel = private_internals.autograd_kernel(_impl, _op)
+    if _kernel is not None:
         for _dispatch_key in ("AutogradCUDA", "AutogradCPU"):
-            _cuda_lib.impl(_op._name, _kernel, _dispatch_key, with_keyset=True)
-except (ImportError, AttributeError, TypeError):  # a torch without these internals: custom_op's path serves
-    pass
+            _kernels_lib.impl(_name, _kernel, _dispatch_key, with_keyset=True)

@@ -160,3 +160,24 @@ def test_reads_stay_inside_the_view(backend: str, device: str, layout: str) -> N
     grad_view.copy_(torch.randn(grad_view.shape, generator=torch.Generator().manual_seed(1)).to(device))
     gk, _ = torch.ops.neuralops.gqa_reduce(grad_view, grad_view, 4, 12)
     assert (gk.abs() < 1000).all()
+
+
+# Dtypes Triton has no pointer type for (or normalises): they travel as integers of their
+# width. torch.uint16/32/64 and the bits types exist in every supported torch.
+_BIT_DTYPES = [
+    getattr(torch, name)
+    for name in ("float8_e8m0fnu", "float4_e2m1fn_x2", "bits8", "bits16", "uint16", "uint32", "uint64",
+                 "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, name)
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", _BIT_DTYPES, ids=str)
+def test_dtypes_copied_as_bits(backend: str, device: str, dtype: torch.dtype) -> None:
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+    bits = torch.randint(0, 127, (2, 3, 5, 6), generator=torch.Generator().manual_seed(0)).to(width)
+    x = bits.to(device).view(dtype)
+    k_out, v_out = torch.ops.neuralops.gqa_expand(x, x[..., :4], 3, 6)
+    assert k_out.dtype == dtype and v_out.dtype == dtype
+    assert torch.equal(k_out.view(width).cpu(), bits.repeat_interleave(2, 1))
+    assert torch.equal(v_out.view(width).cpu(), bits[..., :4].repeat_interleave(2, 1))

@@ -8,6 +8,7 @@ import torch
 from helpers import assert_bitwise_equal, expand_oracle, make_tensor
 
 gqa_triton = pytest.importorskip("csrc_free_ops.gqa_triton", reason="triton is not installed")
+from csrc_free_ops.launch_settings import REFERENCE_DEVICE as H200  # noqa: E402
 
 
 def test_layout_folds_packed_rows() -> None:
@@ -19,36 +20,41 @@ def test_layout_folds_packed_rows() -> None:
 
 def test_index_64_chosen_only_past_int32() -> None:
     small = gqa_triton._expand_plan((4, 8, 4096, 128), (4 * 2**20, 2**19, 128, 1), 2,
-                                    (4, 8, 4096, 128), (4 * 2**20, 2**19, 128, 1), 2, 4)  # fmt: skip
+                                    (4, 8, 4096, 128), (4 * 2**20, 2**19, 128, 1), 2, 4, H200)  # fmt: skip
     # B=8, 8 -> 64 heads, N=32768, D=128: 2^31 output elements per tensor.
     big_shape, big_stride = (8, 8, 32768, 128), (2**25, 2**22, 128, 1)
-    big = gqa_triton._expand_plan(big_shape, big_stride, 2, big_shape, big_stride, 2, 8)
+    big = gqa_triton._expand_plan(big_shape, big_stride, 2, big_shape, big_stride, 2, 8, H200)
     assert small is not None and big is not None
     assert small.meta["INDEX_64"] is False
     assert big.meta["INDEX_64"] is True
     # A small tensor whose batch stride reaches past 2^31 (a view into a huge buffer).
-    far = gqa_triton._expand_plan((2, 1, 4, 8), (2**31, 32, 8, 1), 2, (2, 1, 4, 8), (32, 32, 8, 1), 2, 2)
+    far = gqa_triton._expand_plan(
+        (2, 1, 4, 8), (2**31, 32, 8, 1), 2, (2, 1, 4, 8), (32, 32, 8, 1), 2, 2, H200
+    )
     assert far is not None and far.meta["INDEX_64"] is True
     # The reduction's gradient: 8 x 64 x 32768 x 128 reaches exactly 2^31 - 1, the
     # largest int32 offset; one more batch row goes past it.
     edge = ((8, 64, 32768, 128), (2**28, 2**22, 128, 1), torch.bfloat16)
     past = ((9, 64, 32768, 128), (2**28, 2**22, 128, 1), torch.bfloat16)
-    edge_plan = gqa_triton._reduce_plan(*edge, *edge, 8)
-    past_plan = gqa_triton._reduce_plan(*past, *past, 8)
+    edge_plan = gqa_triton._reduce_plan(*edge, *edge, 8, H200)
+    past_plan = gqa_triton._reduce_plan(*past, *past, 8, H200)
     assert edge_plan is not None and edge_plan.meta["INDEX_64"] is False
     assert past_plan is not None and past_plan.meta["INDEX_64"] is True
 
 
 def test_empty_plans_launch_nothing() -> None:
     assert (
-        gqa_triton._expand_plan((0, 2, 5, 8), (80, 40, 8, 1), 4, (0, 2, 5, 8), (80, 40, 8, 1), 4, 3) is None
+        gqa_triton._expand_plan((0, 2, 5, 8), (80, 40, 8, 1), 4, (0, 2, 5, 8), (80, 40, 8, 1), 4, 3, H200)
+        is None
     )
     assert gqa_triton._reduce_plan((2, 6, 0, 8), (0, 0, 8, 1), torch.float32,
-                                   (2, 6, 0, 8), (0, 0, 8, 1), torch.float32, 3) is None  # fmt: skip
+                                   (2, 6, 0, 8), (0, 0, 8, 1), torch.float32, 3, H200) is None  # fmt: skip
 
 
 def test_grid_covers_both_tensors() -> None:
-    plan = gqa_triton._expand_plan((2, 2, 8, 16), (256, 128, 16, 1), 4, (2, 2, 8, 0), (0, 0, 0, 1), 4, 3)
+    plan = gqa_triton._expand_plan(
+        (2, 2, 8, 16), (256, 128, 16, 1), 4, (2, 2, 8, 0), (0, 0, 0, 1), 4, 3, H200
+    )
     assert plan is not None
     k_programs = plan.args[-1]
     assert plan.grid == (k_programs,)  # v has no elements: no programs for it
@@ -61,7 +67,7 @@ def test_int64_offset_path_matches(device: str, index_64: bool, monkeypatch: pyt
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     k = make_tensor((2, 3, 10, 24), torch.bfloat16, "bnhd", device, seed=1)
     v = make_tensor((2, 3, 10, 40), torch.float32, "offset", device, seed=2)
-    plan = gqa_triton._expand_plan(k.shape, k.stride(), 2, v.shape, v.stride(), 4, 5)
+    plan = gqa_triton._expand_plan(k.shape, k.stride(), 2, v.shape, v.stride(), 4, 5, H200)
     assert plan is not None
     grid, args, meta = plan.grid, plan.args, plan.meta
     k_out = torch.empty(2, 15, 10, 24, dtype=k.dtype, device=device)
@@ -70,7 +76,7 @@ def test_int64_offset_path_matches(device: str, index_64: bool, monkeypatch: pyt
     assert_bitwise_equal(k_out, expand_oracle(k, 5))
     assert_bitwise_equal(v_out, expand_oracle(v, 5))
     g = make_tensor((2, 15, 10, 24), torch.float32, "bnhd", device, seed=3)
-    rplan = gqa_triton._reduce_plan(g.shape, g.stride(), g.dtype, g.shape, g.stride(), g.dtype, 5)
+    rplan = gqa_triton._reduce_plan(g.shape, g.stride(), g.dtype, g.shape, g.stride(), g.dtype, 5, H200)
     assert rplan is not None
     rgrid, rargs, rmeta = rplan.grid, rplan.args, rplan.meta
     outs = [torch.empty(2, 3, 10, 24, device=device) for _ in range(2)]
@@ -90,9 +96,59 @@ def test_compiled_handle_launch_is_reused_and_exact(device: str) -> None:
         k_out, v_out = torch.ops.neuralops.gqa_expand(k, v, 4, 12)
         assert_bitwise_equal(k_out, expand_oracle(k, 3))
         assert_bitwise_equal(v_out, expand_oracle(v, 3))
-    plan = gqa_triton._expand_plan(k.shape, k.stride(), 2, v.shape, v.stride(), 2, 3)
+    plan = gqa_triton._expand_plan(k.shape, k.stride(), 2, v.shape, v.stride(), 2, 3, H200)
     assert plan is not None and len(plan.compiled) == 1
     g = make_tensor((2, 12, 33, 80), torch.float32, "bnhd", device, seed=4)
     for _ in range(2):
         out, _ = torch.ops.neuralops.gqa_reduce(g, g, 4, 12)
         torch.testing.assert_close(out.double(), g.double().unflatten(1, (4, 3)).sum(2), rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("shape", "layout", "n_rep"),
+    [((2, 3, 10, 24), "bnhd", 5), ((1, 2, 33, 80), "contiguous", 4), ((2, 1, 7, 64), "offset", 20)],
+    ids=["B2-Hkv3-rep5-N10-D24-bnhd", "B1-Hkv2-rep4-N33-D80-contiguous", "B2-Hkv1-rep20-N7-D64-offset"],
+)
+def test_unknown_size_rules_are_exact(device: str, shape: tuple[int, int, int, int], layout: str, n_rep: int,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The settings a dynamic-shape compile uses (no decision on batch or sequence size) copy
+    and sum exactly like the eager ones."""
+    if device == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    k = make_tensor(shape, torch.bfloat16, layout, device, seed=1)
+    v = make_tensor(shape[:3] + (8,), torch.float32, "contiguous", device, seed=2)
+    plan = gqa_triton._expand_plan_any(k.shape, k.stride(), 2, v.shape, v.stride(), 4, n_rep, H200,
+                                       sizes_known=False)  # fmt: skip
+    eager = gqa_triton._expand_plan(k.shape, k.stride(), 2, v.shape, v.stride(), 4, n_rep, H200)
+    assert plan is not None and eager is not None
+    heads = shape[1] * n_rep
+    k_out = torch.empty(shape[0], heads, *shape[2:], dtype=k.dtype, device=device)
+    v_out = torch.empty(shape[0], heads, shape[2], 8, dtype=v.dtype, device=device)
+    gqa_triton.expand_fwd_kernel[plan.grid](k, v, k_out, v_out, *plan.args, **plan.meta)
+    assert_bitwise_equal(k_out, expand_oracle(k, n_rep))
+    assert_bitwise_equal(v_out, expand_oracle(v, n_rep))
+    g = make_tensor((shape[0], heads, *shape[2:]), torch.float32, layout, device, seed=3)
+    rplan = gqa_triton._reduce_plan_any(g.shape, g.stride(), g.dtype, g.shape, g.stride(), g.dtype, n_rep, H200,
+                                        sizes_known=False)  # fmt: skip
+    assert rplan is not None
+    outs = [torch.empty(shape, device=device) for _ in range(2)]
+    gqa_triton.reduce_bwd_kernel[rplan.grid](g, g, *outs, *rplan.args, **rplan.meta)
+    eager_out, _ = gqa_triton.reduce_backward(g, g, n_rep)
+    # Bitwise equal to the eager settings: the summation order doesn't depend on the tiling.
+    assert_bitwise_equal(outs[0], eager_out)
+
+
+def test_traced_launch_matches_eager(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launch a compiler sees (``wrap_triton``), run eagerly: the same bits as the eager path."""
+    if device == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    k = make_tensor((2, 2, 9, 16), torch.bool, "bnhd", device, seed=4)
+    v = make_tensor((2, 2, 9, 8), torch.float16, "step", device, seed=5)
+    for traced in (False, True):
+        k_out, v_out = gqa_triton.expand_forward(k, v, 3, traced=traced)
+        assert_bitwise_equal(k_out, expand_oracle(k, 3))
+        assert_bitwise_equal(v_out, expand_oracle(v, 3))
+    g = make_tensor((2, 6, 9, 16), torch.float64, "bnhd", device, seed=6)
+    assert_bitwise_equal(
+        gqa_triton.reduce_backward(g, g, 3, traced=True)[0], gqa_triton.reduce_backward(g, g, 3)[0]
+    )
