@@ -495,6 +495,7 @@ class Step:
     run: Callable[[], None]
     units: int = 1
     optional: bool = False
+    part: str = ""
 
 
 COMPILE_UNITS = 4  # a compilation takes seconds; a timing a fraction of one
@@ -786,7 +787,9 @@ def plan_steps(plan: Plan, report: dict[str, Any]) -> list[Step]:
     }
     for part in PARTS:
         if part in plan.parts:
-            steps += makers[part](plan, report)
+            for step in makers[part](plan, report):
+                step.part = part
+                steps.append(step)
     return steps
 
 
@@ -812,7 +815,8 @@ def run(plan: Plan, stream: TextIO | None = None, command: list[str] | None = No
             except Exception as err:
                 if not step.optional:
                     raise
-                errors.append({"step": step.label, "error": f"{type(err).__name__}: {err}"[:500]})
+                message = f"{type(err).__name__}: {err}"[:500]
+                errors.append({"part": step.part, "step": step.label, "error": message})
                 print(f"\n{step.label}: {type(err).__name__}: {err}", file=sys.stderr)
             if step.units:
                 progress.step(step.label, step.units)
@@ -820,6 +824,42 @@ def run(plan: Plan, stream: TextIO | None = None, command: list[str] | None = No
     if errors:
         report["errors"] = errors
     return report
+
+
+PART_KEYS = {
+    "kernels": ("results",),
+    "host": ("host_overhead_us", "host_shape"),
+    "compiled": ("compiled",),
+    "memory": ("peak_memory_ratio",),
+}
+
+
+def merge_reports(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``old`` with the parts ``new`` measured replaced by ``new``'s: one report from runs
+    that each measured some parts on the same machine. The kernel tables keep the ceiling
+    of the run that timed them."""
+    if old.get("machine", {}).get("gpu") != new.get("machine", {}).get("gpu") or old.get("device") != new.get(
+        "device"
+    ):
+        raise ValueError("--merge: the existing bench.json comes from another device")
+    merged = dict(old)
+    for part in new.get("parts", []):
+        for key in PART_KEYS[part]:
+            merged.pop(key, None)
+            if key in new:
+                merged[key] = new[key]
+    if "kernels" in new.get("parts", []):
+        merged["ceiling_gbs"] = new["ceiling_gbs"]
+    merged["parts"] = [p for p in PARTS if p in set(old.get("parts", [])) | set(new.get("parts", []))]
+    merged["dtypes"] = list(dict.fromkeys([*old.get("dtypes", []), *new.get("dtypes", [])]))
+    merged["command"] = [*(old.get("command") or []), "&&", *(new.get("command") or [])]
+    merged["elapsed_s"] = round(old.get("elapsed_s", 0.0) + new.get("elapsed_s", 0.0), 1)
+    errors = [e for e in old.get("errors", []) if e.get("part") not in new["parts"]]
+    errors += new.get("errors", [])
+    merged.pop("errors", None)
+    if errors:
+        merged["errors"] = errors
+    return merged
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -1062,6 +1102,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-backward", action="store_true", help="time the forward only")
     parser.add_argument("--quick", action="store_true", help="few repetitions: a smoke test, rough figures")
     parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="update --out's bench.json with the parts this run measures, keeping the others (a long run "
+        "in several calls; same machine)",
+    )
+    parser.add_argument(
         "--device",
         choices=("cuda", "cpu"),
         default="cuda" if torch.cuda.is_available() else "cpu",
@@ -1145,6 +1191,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     command = ["python", "-m", "neuralops_gqa.bench", *(sys.argv[1:] if argv is None else argv)]
     report = run(plan, command=command)
+    previous = args.out / "bench.json"
+    if args.merge and previous.exists():
+        report = merge_reports(json.loads(previous.read_text()), report)
     markdown = bench_report.report_markdown(report)
     (args.out / "bench.json").write_text(json.dumps(report, indent=1) + "\n")
     (args.out / "bench.md").write_text(markdown)

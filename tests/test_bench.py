@@ -156,6 +156,18 @@ def test_one_shape_on_cpu(tmp_path: Path) -> None:
     assert "host_overhead_us" not in report and "compiled" not in report
 
 
+def test_merge_builds_one_report_from_several_calls(tmp_path: Path) -> None:
+    out = ["--out", str(tmp_path), "--shapes", "small"]
+    assert bench.main([*TINY, *out, "--parts", "kernels", "--no-backward"]) == 0
+    assert bench.main([*TINY, *out, "--parts", "host", "--merge"]) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["parts"] == ["kernels", "host"]
+    assert len(report["results"]) == 1 and "neuralops" in report["host_overhead_us"]
+    assert report["command"].count("&&") == 1
+    assert bench.main([*TINY, *out, "--parts", "host"]) == 0  # without --merge: replaced
+    assert "results" not in json.loads((tmp_path / "bench.json").read_text())
+
+
 def test_compiled_part_counts_and_records_every_case() -> None:
     shapes = [bench.SHAPES_BY_NAME[n].scaled(2**14, 2) for n in ("llama3-8b", "small")]
     plan = bench.Plan(
