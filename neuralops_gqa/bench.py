@@ -687,10 +687,11 @@ def _compiled_steps(plan: Plan, report: dict[str, Any]) -> list[Step]:
             rows = []
             for workload in GRAPH_WORKLOADS:
                 for mode in modes:
-                    row: dict[str, Any] = {"workload": workload, "mode": mode}
-                    for provider in GRAPH_WORKLOADS[workload]:
-                        row[provider] = medians[f"{workload}/{mode}/{provider}"]
-                    rows.append(row)
+                    keys = {p: f"{workload}/{mode}/{p}" for p in GRAPH_WORKLOADS[workload]}
+                    if all(k in medians for k in keys.values()):  # a failed compilation drops the row
+                        rows.append(
+                            {"workload": workload, "mode": mode, **{p: medians[k] for p, k in keys.items()}}
+                        )
             section["host_us"] = {"shape": asdict(small), "rows": rows}
             inputs.clear()
 

@@ -346,7 +346,7 @@ def compiled_section(report: Report) -> str:
     out = []
     host = section.get("host_us")
     dtype = section.get("dtype", "")
-    if host:
+    if host and host.get("rows"):
         s = host["shape"]
         out += [
             f"Small shape ({describe(s)}, {dtype}), wall clock per call, us (host-bound):",

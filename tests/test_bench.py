@@ -291,3 +291,18 @@ def test_render_check_reports_drift(tmp_path: Path, capsys: pytest.CaptureFixtur
     (tmp_path / "docs" / "benchmarks" / "h100.json").write_text(json.dumps(_h200()))
     assert bench.main(["--render", "--check", "--root", str(tmp_path)]) == 2
     assert "add a block" in capsys.readouterr().err
+
+
+def test_a_failing_compiled_step_is_recorded_not_fatal() -> None:
+    plan = bench.Plan(
+        shapes=[bench.SHAPES_BY_NAME["small"].scaled(2**14, 2)],
+        dtypes=[torch.float32],
+        device="cpu",
+        parts=("compiled",),
+        effort=bench.QUICK,
+        compile_backend="no-such-backend",
+    )
+    report = bench.run(plan, stream=io.StringIO())
+    assert report["errors"] and all(e["part"] == "compiled" for e in report["errors"])
+    assert report["compiled"]["host_us"]["rows"] == []
+    assert "### Steps that failed" in bench_report.results_markdown(report, level=3)
