@@ -136,6 +136,8 @@ def test_cpu_run_writes_labelled_figures(tmp_path: Path, capsys: pytest.CaptureF
     assert set(report["host_overhead_us"]) >= {"neuralops", "hf_eager"}
     markdown = (tmp_path / "bench.md").read_text()
     assert markdown in out
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "bench.png").stat().st_size > 0
     assert "Not a kernel benchmark" in markdown and "not comparable with GPU figures" in markdown
     assert "% ceiling" not in markdown and "ceiling:" not in markdown
     # The progress bar's last state: every planned unit done.
