@@ -1,0 +1,310 @@
+"""The benchmark CLI on a CPU (tiny shapes, few repetitions) and the docs rendered from its JSON.
+
+The GPU measurements themselves run on a GPU; here: argument errors, what a CPU run writes
+and says, that the progress bar counts every step, the compiled-graph part's bookkeeping
+(with dynamo's eager backend, so nothing is compiled), and that the committed docs hold
+exactly what the committed JSON gives.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from neuralops_gqa import bench, bench_docs, bench_report
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--device", "cpu", "--max-mb", "0.05", "--quick"]
+
+
+def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_import_has_no_side_effects() -> None:
+    code = (
+        "import torch, torch._dynamo\n"
+        "before = dict(torch._dynamo.config.get_config_copy())\n"
+        "def boom(*a, **k): raise AssertionError('torch.compile called at import')\n"
+        "torch.compile = boom\n"
+        "import neuralops_gqa.bench\n"
+        "assert dict(torch._dynamo.config.get_config_copy()) == before, 'dynamo config changed'\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_recompile_limits_are_restored() -> None:
+    before = torch._dynamo.config.recompile_limit
+    with bench.lifted_recompile_limits():
+        assert torch._dynamo.config.recompile_limit > before
+    assert torch._dynamo.config.recompile_limit == before
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--sweep", "--device", "cpu"], "needs a CUDA GPU"),
+        (["--dtypes", "bf17"], "unknown dtype 'bf17' (choose from bfloat16, bf16"),
+        (["--shapes", "llama3-8b,nope"], "unknown shape(s) nope (choose from llama3-8b, llama3-70b"),
+        (["--compiled-shapes", "nope"], "unknown shape(s) nope in --compiled-shapes"),
+        (["--parts", "kernels,gpu"], "unknown part(s) 'gpu' (choose from kernels, host, compiled, memory)"),
+        (["--check"], "--check goes with --render"),
+    ],
+    ids=["sweep-on-cpu", "dtype", "shape", "compiled-shape", "part", "check-alone"],
+)
+def test_bad_arguments_are_clear_errors(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert message in _error(capsys, ["--device", "cpu", *argv])
+
+
+def test_dtype_aliases() -> None:
+    assert bench._dtype_list("bf16,fp16,f32,half,float,torch.bfloat16") == [
+        torch.bfloat16,
+        torch.float16,
+        torch.float32,
+    ]
+    assert bench._dtype_list("BFloat16, float16") == [torch.bfloat16, torch.float16]
+
+
+def test_help_lists_shapes_and_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # whatever the terminal's width
+    assert "``" not in text
+    assert "(default: bfloat16)" in text and "(default: kernels,host,compiled,memory)" in text
+    for shape in bench.SHAPES:
+        assert f"{shape.name} " in text
+
+
+def test_every_shape_name_resolves_on_cpu() -> None:
+    parser = bench.build_parser()
+    names = [s.name for s in bench.SHAPES]
+    shapes = bench.select_shapes(parser, names, "cpu", None, [torch.float32])
+    assert [s.name for s in shapes] == names
+    for full, small in zip(bench.SHAPES, shapes):
+        assert (small.kv_heads, small.heads, small.dim, small.bnhd) == (
+            full.kv_heads,
+            full.heads,
+            full.dim,
+            full.bnhd,
+        )
+        assert small.minimal_bytes(4) <= bench.CPU_MAX_MB * 2**20
+
+
+def test_added_shapes() -> None:
+    names = {s.name for s in bench.SHAPES}
+    assert {
+        "phi3-medium",
+        "head-dim-64",
+        "head-dim-80",
+        "head-dim-96",
+        "decode-batch",
+        "qwen2-7b-bnhd",
+    } <= names
+    assert set(bench_report.SCHEMA2_SHAPES) == names
+
+
+def test_cpu_run_writes_labelled_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [*TINY, "--shapes", "llama3-8b,mqa,small", "--dtypes", "bf16", "--parts", "kernels,host"]
+    assert bench.main([*argv, "--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["schema"] == bench.SCHEMA and report["device"] == "cpu" and report["ceiling_gbs"] is None
+    rows = report["results"]
+    assert [(r["shape"]["name"], r["direction"]) for r in rows] == [
+        (name, d) for name in ("llama3-8b", "mqa", "small") for d in ("forward", "backward")
+    ]
+    assert all("pct_of_ceiling" not in r and r["dtype"] == "bfloat16" for r in rows)
+    assert rows[0]["shape"]["heads"] == 32 and rows[0]["bytes"] <= 0.05 * 2**20
+    assert set(report["host_overhead_us"]) >= {"neuralops", "hf_eager"}
+    markdown = (tmp_path / "bench.md").read_text()
+    assert markdown in out
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "bench.png").stat().st_size > 0
+    assert "Not a kernel benchmark" in markdown and "not comparable with GPU figures" in markdown
+    assert "% ceiling" not in markdown and "ceiling:" not in markdown
+    # The progress bar's last state: every planned unit done.
+    last = err.strip().split("\r")[-1]
+    done, total = last.split("%")[1].split()[0].split("/")
+    assert done == total
+
+
+def test_one_shape_on_cpu(tmp_path: Path) -> None:
+    assert (
+        bench.main(
+            [*TINY, "--shapes", "llama3-8b", "--parts", "kernels", "--no-backward", "--out", str(tmp_path)]
+        )
+        == 0
+    )
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert [r["shape"]["name"] for r in report["results"]] == ["llama3-8b"]
+    assert "host_overhead_us" not in report and "compiled" not in report
+
+
+def test_merge_builds_one_report_from_several_calls(tmp_path: Path) -> None:
+    out = ["--out", str(tmp_path), "--shapes", "small"]
+    assert bench.main([*TINY, *out, "--parts", "kernels", "--no-backward"]) == 0
+    assert bench.main([*TINY, *out, "--parts", "host", "--merge"]) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["parts"] == ["kernels", "host"]
+    assert len(report["results"]) == 1 and "neuralops" in report["host_overhead_us"]
+    assert report["command"].count("&&") == 1
+    assert bench.main([*TINY, *out, "--parts", "host"]) == 0  # without --merge: replaced
+    assert "results" not in json.loads((tmp_path / "bench.json").read_text())
+
+
+def test_compiled_part_counts_and_records_every_case() -> None:
+    shapes = [bench.SHAPES_BY_NAME[n].scaled(2**14, 2) for n in ("llama3-8b", "small")]
+    plan = bench.Plan(
+        shapes=shapes,
+        dtypes=[torch.float32, torch.bfloat16],
+        device="cpu",
+        parts=("compiled",),
+        effort=bench.QUICK,
+        compiled_shapes=("llama3-8b",),
+        compile_backend="eager",
+    )
+    stream = io.StringIO()
+    report = bench.run(plan, stream=stream)
+    assert "errors" not in report, report.get("errors")
+    section = report["compiled"]
+    assert section["dtype"] == "bfloat16" and section["modes"] == ["default"]
+    assert [(r["workload"], r["mode"]) for r in section["host_us"]["rows"]] == [
+        ("expand", "default"),
+        ("expand_scale", "default"),
+    ]
+    assert all(r["neuralops"] > 0 and r["compiled_hf"] > 0 for r in section["host_us"]["rows"])
+    assert [(r["shape"]["name"], r["workload"]) for r in section["gpu"]] == [
+        ("llama3-8b", "expand"),
+        ("llama3-8b", "expand_scale"),
+    ]
+    assert all(set(r["median_ms"]) == {"neuralops", "compiled_hf"} for r in section["gpu"])
+    steps = bench.plan_steps(plan, {})
+    total = sum(s.units for s in steps)
+    assert f" {total}/{total} " in stream.getvalue()
+    markdown = bench_report.report_markdown(report)
+    assert "expansion, then `* 0.5`" in markdown
+
+
+def test_committed_docs_match_committed_json() -> None:
+    """README.md and docs/ quote exactly what docs/benchmarks/<gpu>.json gives: regenerate
+    with ``python -m neuralops_gqa.bench --render`` after changing either."""
+    rendered = bench_docs.render_all(ROOT)
+    assert ROOT / "README.md" in rendered and ROOT / "docs" / "benchmarks.md" in rendered
+    stale = [str(page.relative_to(ROOT)) for page, (old, new) in rendered.items() if old != new]
+    assert not stale, f"{stale} differ from the committed JSON: run python -m neuralops_gqa.bench --render"
+
+
+def _h200() -> dict[str, Any]:
+    report: dict[str, Any] = json.loads((ROOT / "docs" / "benchmarks" / "h200.json").read_text())
+    return report
+
+
+def test_old_schema_says_what_is_missing() -> None:
+    text = bench_report.results_markdown(_h200())
+    assert "Not in this run (its JSON predates them): the shapes `phi3-medium`" in text
+    assert "| `default` | 122.6 | 111.5 |" in text
+
+
+def test_new_schema_renders_compiled_section() -> None:
+    report = copy.deepcopy(_h200())
+    report.update(
+        schema=2, parts=list(bench.PARTS), command=["python", "-m", "neuralops_gqa.bench"], elapsed_s=300
+    )
+    small = report["results"][-4]["shape"]
+    rows = [
+        {"workload": w, "mode": m, "neuralops": 50.0, "compiled_hf": 60.0 if w == "expand" else 40.0}
+        for w in ("expand", "expand_scale")
+        for m in ("default", "reduce-overhead")
+    ]
+    gpu = [
+        {
+            "shape": report["results"][0]["shape"],
+            "workload": "expand_scale",
+            "mode": "default",
+            "bytes": report["results"][0]["bytes"],
+            "timing": "graph_replay",
+            "median_ms": {"neuralops": 0.1, "compiled_hf": 0.08},
+        }
+    ]
+    report["compiled"] = {
+        "dtype": "bfloat16",
+        "modes": ["default", "reduce-overhead"],
+        "host_us": {"shape": small, "rows": rows},
+        "gpu": gpu,
+    }
+    text = bench_report.results_markdown(report)
+    assert "predates" not in text
+    assert "| expansion, then `* 0.5` | `reduce-overhead` | 50.0 | 40.0 | 0.80x |" in text
+    assert (
+        "| llama3-8b | expansion, then `* 0.5` | `default` | 320 | 0.1000 | 79.5 | 0.0800 | 0.80x |" in text
+    )
+    summary = bench_report.readme_paragraph(report, "docs/benchmarks.md")
+    assert "behind compiled `repeat_kv` in 3 of 5 cases (slowest: 0.80x" in summary
+    # The README states the true minimum, truncated, never rounded up to a target.
+    assert "backward 89.7-99.2%" in summary
+
+
+def test_generated_blocks(tmp_path: Path) -> None:
+    reports = {"h200": (_h200(), ROOT / "docs" / "benchmarks" / "h200.json")}
+    page = tmp_path / "docs" / "usage" / "eager.md"
+    inline = "took <!-- generated: eager-host h200 -->old<!-- end generated -->.\n"
+    assert "31.3 us against 40.0 us" in bench_docs.render_page(inline, reports, page)
+    block = "<!-- generated: design-results h200 -->\nold\n<!-- end generated -->\n"
+    assert "backward 89.7-99.2% (94.0%)" in bench_docs.render_page(block, reports, page)
+    with pytest.raises(bench_docs.RenderError, match=r"no docs/benchmarks/h100\.json"):
+        bench_docs.render_page("<!-- generated: eager-host h100 --><!-- end generated -->", reports, page)
+    with pytest.raises(bench_docs.RenderError, match="unknown block 'nope'"):
+        bench_docs.render_page("<!-- generated: nope --><!-- end generated -->", reports, page)
+    with pytest.raises(bench_docs.RenderError, match="without its partner"):
+        bench_docs.render_page("<!-- generated: eager-host h200 -->", reports, page)
+
+
+def test_render_check_reports_drift(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "docs" / "benchmarks").mkdir(parents=True)
+    (tmp_path / "docs" / "benchmarks" / "h200.json").write_text(json.dumps(_h200()))
+    (tmp_path / "README.md").write_text(
+        "<!-- generated: performance-summary -->\nstale\n<!-- end generated -->\n"
+    )
+    (tmp_path / "docs" / "benchmarks.md").write_text(
+        "<!-- generated: results h200 -->\n<!-- end generated -->\n"
+    )
+    assert bench.main(["--render", "--check", "--root", str(tmp_path)]) == 1
+    assert "stale" in capsys.readouterr().out
+    assert bench.main(["--render", "--root", str(tmp_path)]) == 0
+    assert bench.main(["--render", "--check", "--root", str(tmp_path)]) == 0
+    (tmp_path / "docs" / "benchmarks" / "h100.json").write_text(json.dumps(_h200()))
+    assert bench.main(["--render", "--check", "--root", str(tmp_path)]) == 2
+    assert "add a block" in capsys.readouterr().err
+
+
+def test_a_failing_compiled_step_is_recorded_not_fatal() -> None:
+    plan = bench.Plan(
+        shapes=[bench.SHAPES_BY_NAME["small"].scaled(2**14, 2)],
+        dtypes=[torch.float32],
+        device="cpu",
+        parts=("compiled",),
+        effort=bench.QUICK,
+        compile_backend="no-such-backend",
+    )
+    report = bench.run(plan, stream=io.StringIO())
+    assert report["errors"] and all(e["part"] == "compiled" for e in report["errors"])
+    assert report["compiled"]["host_us"]["rows"] == []
+    assert "### Steps that failed" in bench_report.results_markdown(report, level=3)
