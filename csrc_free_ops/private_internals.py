@@ -20,9 +20,11 @@ more slowly:
 ``NEURALOPS_GQA_PRIVATE_INTERNALS=0`` (read at import) turns all of them off, leaving public
 APIs only: ``kernel[grid](...)`` launches and custom_op's own autograd. A probe that fails
 turns its own fast path off with one warning; importing never fails because an internal
-moved. With them off, forward-mode AD (``torch.func.jvp``, ``jacfwd``, ``forward_ad``) through
-the ops is refused with an error (``neuralops_gqa.ops`` checks for tangents with the public
-``forward_ad.unpack_dual``): PyTorch's custom ops would silently give zero tangents.
+moved. With them off, forward-mode AD through the ops is not computed: a dual tensor of
+``torch.autograd.forward_ad`` is refused with an error (``neuralops_gqa.ops`` checks with the
+public ``forward_ad.unpack_dual``), but ``torch.func.jvp``/``jacfwd`` hand the ops unwrapped
+tensors that no public API can tell apart, and get PyTorch's custom-op behaviour: zero
+tangents (docs/usage/limitations.md).
 """
 
 from __future__ import annotations
@@ -39,7 +41,14 @@ ENABLED = os.environ.get(ENV, "1").strip().lower() not in {"0", "false", "off", 
 """Whether the private fast paths may be used at all (``NEURALOPS_GQA_PRIVATE_INTERNALS``)."""
 
 
+_warned: set[str] = set()
+
+
 def _disable(what: str, error: BaseException) -> None:
+    """Warn, once per fast path, that ``what`` is off."""
+    if what in _warned:
+        return
+    _warned.add(what)
     warnings.warn(
         f"neuralops_gqa: {what} is unavailable in this torch/triton ({type(error).__name__}: {error}); "
         f"using the public path instead (slower host path, same results). Set {ENV}=0 to silence this.",

@@ -14,24 +14,23 @@ from torch import Tensor
 def expand_reference(x: Tensor, n_rep: int) -> Tensor:
     """``[B, H_kv, N, D] -> [B, H_kv * n_rep, N, D]``, head ``h`` copying head ``h // n_rep``.
 
-    Always a new contiguous tensor, whatever the strides of ``x``.
+    Always a new contiguous tensor, whatever the strides of ``x``. Functional ATen ops only
+    (a broadcast view and one copy), so it also serves as the op's decomposition for
+    compilers and ATen-only backends.
     """
     batch, kv_heads, seq, dim = x.shape
-    out = x.new_empty((batch, kv_heads * n_rep, seq, dim))
-    # A broadcasting copy reads each element of x once and writes each output once.
-    out.view(batch, kv_heads, n_rep, seq, dim).copy_(x.unsqueeze(2))
-    return out
+    grouped = x.unsqueeze(2).expand(batch, kv_heads, n_rep, seq, dim)
+    # One copy: each element of x read once, each output written once.
+    return grouped.clone(memory_format=torch.contiguous_format).flatten(1, 2)
 
 
 def reduce_reference(grad: Tensor, num_kv_heads: int) -> Tensor:
     """``[B, H, N, D] -> [B, num_kv_heads, N, D]``: KV head ``j`` sums heads ``j*n_rep ... j*n_rep+n_rep-1``.
 
     Accumulates in float32 (float64 for float64 input) and returns the gradient's dtype,
-    contiguous.
+    contiguous. Functional ATen ops only, like ``expand_reference``.
     """
-    batch, heads, seq, dim = grad.shape
+    heads = grad.shape[1]
     acc_dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32
-    out = grad.new_empty((batch, num_kv_heads, seq, dim))
-    # The sum keeps the gradient's strides; the copy makes the result contiguous.
-    out.copy_(grad.unflatten(1, (num_kv_heads, heads // num_kv_heads)).sum(2, dtype=acc_dtype))
-    return out
+    summed = grad.unflatten(1, (num_kv_heads, heads // num_kv_heads)).sum(2, dtype=acc_dtype)
+    return summed.to(grad.dtype).contiguous()

@@ -8,6 +8,7 @@ import torch
 
 from neuralops_gqa import ops
 from neuralops_gqa.functional import gqa_expand, repeat_kv
+from neuralops_gqa.ops import aten_decompositions
 
 if torch.distributed.is_available():
     from neuralops_gqa import distributed
@@ -16,4 +17,4 @@ if torch.distributed.is_available():
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "gqa_expand", "ops", "repeat_kv"]
+__all__ = ["__version__", "aten_decompositions", "gqa_expand", "ops", "repeat_kv"]

@@ -902,7 +902,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 SWEEP_FORWARD: dict[str, tuple[int, ...]] = {
     "TILE_BYTES": (4096, 8192),
     "BYTES_PER_WARP": (1024, 2048),
-    "TARGET_PROGRAMS": (528, 2112),
+    "WAVES": (4, 16),
     "REP_MAJOR_MAX_REPS": (0, 16),
     "CACHE_HINTS": (0, 1),
 }

@@ -32,4 +32,14 @@ for tool in memcheck racecheck initcheck; do
     fi
     grep -E "ERROR SUMMARY" "$logs/$tool.log" | tail -1 || true
 done
+# Heads of 2^31 elements in a 2-D layout (the 64-bit products of two scalars): memcheck only,
+# the tensors are several GiB.
+echo "== memcheck, huge heads"
+rc=0
+compute-sanitizer --tool memcheck --error-exitcode 97 --print-limit 50 \
+    python -m pytest tests/test_large.py -k "(huge or head_stride) and triton" -q -p no:cacheprovider \
+    >"$logs/memcheck-huge.log" 2>&1 || rc=$?
+grep -Eo '[0-9]+ (passed|failed|skipped)' "$logs/memcheck-huge.log" | tr '\n' ' ' || true
+grep -E "ERROR SUMMARY" "$logs/memcheck-huge.log" | tail -1 || true
+[ "$rc" -eq 0 ] || status=1
 exit "$status"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 from torch.library import opcheck
 
+import neuralops_gqa
 from helpers import Expand, GQAttention, make_tensor, op_expand
 
 pytestmark = pytest.mark.slow
@@ -120,12 +122,12 @@ _LOAD_AND_RUN = textwrap.dedent(
     """
     import sys, torch
     sys.path.insert(0, sys.argv[4])
-    import neuralops_gqa  # registers the op the saved graph calls
     from helpers import GQAttention, interleave_expand
     kind, path, weights, _, device = sys.argv[1:]
     if kind == "export":
+        import neuralops_gqa  # registers the op the saved graph calls
         run = torch.export.load(path).module()
-    else:
+    else:  # the package holds compiled code for the op: no neuralops_gqa, no Triton JIT
         run = torch._inductor.aoti_load_package(path)
     ref = GQAttention(64, 8, 2, interleave_expand, sdpa=True).to(device)
     ref.load_state_dict(torch.load(weights))
@@ -133,6 +135,7 @@ _LOAD_AND_RUN = textwrap.dedent(
         x = torch.randn(batch, seq, 64, device=device)
         with torch.no_grad():
             torch.testing.assert_close(run(x), ref(x), rtol=1e-5, atol=1e-5)
+    assert kind == "export" or "neuralops_gqa" not in sys.modules, "the package imported neuralops_gqa"
     print("ok", kind, batch, seq)
     """
 )
@@ -184,6 +187,30 @@ def test_export_save_load_fresh_process(backend: str, device: str, tmp_path: Pat
     _run_saved("export", path, block, device)
 
 
+def _aoti_package(device: str, tmp_path: Path) -> tuple[torch.nn.Module, Path]:
+    block, ep = _export_block(device)
+    path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "block.pt2"))
+    return block, Path(path)
+
+
+def test_aoti_package_holds_the_op(device: str, tmp_path: Path) -> None:
+    """AOTInductor compiles the op into the package: our Triton kernels on CUDA (their
+    names in the package), the reference lowered to C++ on the CPU; nothing calls back
+    into ``torch.ops.neuralops``."""
+    _, path = _aoti_package(device, tmp_path)
+    with zipfile.ZipFile(path) as package:
+        names = package.namelist()
+        text = "\n".join(
+            package.read(n).decode("utf-8", "replace")
+            for n in names
+            if n.endswith((".cpp", ".h", ".json", ".py"))
+        )
+    everything = text + "\n".join(names)
+    assert "neuralops::gqa_expand" not in everything and "neuralops.gqa_expand" not in everything
+    if device == "cuda":
+        assert "expand_fwd_kernel" in everything, names
+
+
 @pytest.mark.xfail(
     torch.cuda.is_available() and torch.__version__.startswith("2.11."),
     reason="torch 2.11's aoti_load_package crashed (SIGSEGV) on every CUDA package on an H200, "
@@ -191,8 +218,87 @@ def test_export_save_load_fresh_process(backend: str, device: str, tmp_path: Pat
     strict=False,
 )
 def test_aoti_package_fresh_process(device: str, tmp_path: Path) -> None:
-    """AOTInductor compiles the graph around the op; the op itself runs through the
-    dispatcher, so the loading process imports the package (docs/usage/aoti.md)."""
+    """The package loads and runs on new sizes in a process that never imports neuralops_gqa."""
+    block, path = _aoti_package(device, tmp_path)
+    _run_saved("aoti", path, block, device)
+
+
+def test_inductor_launches_the_kernels(device: str) -> None:
+    """Inside torch.compile the op is taken apart: Inductor launches our Triton kernels from
+    its generated code on CUDA (forward and backward) and lowers the reference on the CPU;
+    the generated code never calls back into ``torch.ops.neuralops``."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    k = make_tensor((2, 2, 9, 16), torch.float32, "bnhd", device, 1).requires_grad_()
+    v = make_tensor((2, 2, 9, 16), torch.float32, "contiguous", device, 2).requires_grad_()
+
+    def step(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        ko, vo = torch.ops.neuralops.gqa_expand(k, v, 2, 8)
+        (ko.square().sum() + vo.sum()).backward()
+        return ko
+
+    out, codes = run_and_get_code(torch.compile(step), k, v)
+    code = "\n".join(codes)
+    assert "torch.ops.neuralops" not in code
+    if device == "cuda":
+        assert "expand_fwd_kernel" in code and "reduce_bwd_kernel" in code
+    torch.testing.assert_close(out, k.detach().repeat_interleave(4, 1))
+
+
+def test_mark_dynamic_compiles_once(backend: str, device: str) -> None:
+    """Batch and sequence marked dynamic: one graph for every size, no recompilation."""
+    torch._dynamo.reset()
+    compiled = torch.compile(attention, fullgraph=True)
+    for i, (batch, seq) in enumerate([(3, 20), (5, 33), (2, 64)]):
+        q, k, v = _qkv(batch, seq, device, seed=i)
+        for x in (q, k, v):
+            torch._dynamo.mark_dynamic(x, 0)
+            torch._dynamo.mark_dynamic(x, 2)
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            out = compiled(q, k, v)
+        torch.testing.assert_close(out, attention(q, k, v))
+
+
+def test_aten_decompositions_leave_no_op(device: str) -> None:
+    """``run_decompositions(aten_decompositions())``: a pure-ATen program, same outputs."""
     block, ep = _export_block(device)
-    path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "block.pt2"))
-    _run_saved("aoti", Path(path), block, device)
+    table = torch.export.default_decompositions()
+    table.update(neuralops_gqa.aten_decompositions())
+    aten = ep.run_decompositions(table)
+    assert not [n for n in aten.graph.nodes if "neuralops" in str(n.target)]
+    x = torch.randn(2, 7, 64, device=device)
+    with torch.no_grad():
+        torch.testing.assert_close(aten.module()(x), block(x))
+    g = torch.randn(2, 8, 5, 4, device=device, dtype=torch.float64)
+    gk, _ = neuralops_gqa.aten_decompositions()[torch.ops.neuralops.gqa_reduce.default](g, g, 2, 8)
+    torch.testing.assert_close(gk, g.unflatten(1, (2, 4)).sum(2))
+
+
+def test_onnx_export_runs_in_onnxruntime(tmp_path: Path) -> None:
+    """ONNX export with the package's translation table: standard ONNX ops only, and ONNX
+    Runtime's outputs equal eager on new batch and sequence sizes."""
+    ort = pytest.importorskip(
+        "onnxruntime", reason="onnx export needs the onnx extra (pip install '.[onnx]')"
+    )
+    pytest.importorskip("onnxscript", reason="onnx export needs the onnx extra (pip install '.[onnx]')")
+    import neuralops_gqa.onnx
+
+    block = _block("cpu").eval()
+    x = torch.randn(3, 20, 64)
+    program = torch.onnx.export(
+        block,
+        (x,),
+        dynamo=True,
+        dynamic_shapes=({0: "batch", 1: "seq"},),
+        custom_translation_table=neuralops_gqa.onnx.translation_table(),
+    )
+    assert program is not None
+    domains = {node.domain for node in program.model_proto.graph.node}
+    assert domains <= {"", "ai.onnx"}, domains
+    session = ort.InferenceSession(program.model_proto.SerializeToString())
+    for batch, seq in [(1, 5), (4, 37)]:
+        x = torch.randn(batch, seq, 64)
+        (out,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+        with torch.no_grad():
+            torch.testing.assert_close(torch.from_numpy(out), block(x), rtol=1e-5, atol=1e-5)

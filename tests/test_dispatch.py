@@ -128,3 +128,34 @@ def test_forward_mode_through_inputs_that_require_grad(backend: str, device: str
             assert torch.autograd.gradgradcheck(
                 lambda a, b, op=op: op(a, b, 2, 4), (a, b), check_fwd_over_rev=True
             )
+
+
+def test_forward_mode_with_an_integer_input(device: str) -> None:
+    """jvp through v while k is an integer tensor: only v's output carries a tangent."""
+    k = torch.randint(0, 9, (1, 2, 3, 4), device=device)
+    v = torch.randn(1, 2, 3, 4, device=device, dtype=torch.float64)
+    t = torch.randn_like(v)
+    out, tangent = torch.func.jvp(lambda z: torch.ops.neuralops.gqa_expand(k, z, 2, 4)[1], (v,), (t,))
+    torch.testing.assert_close(tangent, t.repeat_interleave(2, 1))
+    assert torch.equal(out, v.repeat_interleave(2, 1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transform", ["jvp", "jacfwd"])
+def test_forward_mode_under_compile_leaves_the_process_working(device: str, transform: str) -> None:
+    torch._dynamo.reset()
+    x = torch.randn(1, 2, 2, 3, device=device, dtype=torch.float64)
+    t = torch.randn_like(x)
+
+    def fn(z: torch.Tensor) -> torch.Tensor:
+        return torch.ops.neuralops.gqa_expand(z, z, 2, 4)[0]  # type: ignore[no-any-return]
+
+    if transform == "jvp":
+        _, tangent = torch.compile(lambda x, t: torch.func.jvp(fn, (x,), (t,)), backend="aot_eager")(x, t)
+        torch.testing.assert_close(tangent, t.repeat_interleave(2, 1))
+    else:
+        jac = torch.compile(torch.func.jacfwd(fn), backend="aot_eager")(x)
+        torch.testing.assert_close(jac, torch.func.jacfwd(fn)(x))
+    # Forward-mode AD still works afterwards in this process.
+    _, tangent = torch.func.jvp(lambda z: z * 2, (x,), (t,))
+    torch.testing.assert_close(tangent, 2 * t)

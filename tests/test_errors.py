@@ -198,3 +198,84 @@ def test_fuzz_wrong_argument_types(which: str, value: object) -> None:
     ):
         EXPAND(*args.values())
     _device_still_works()
+
+
+def test_backend_variable_is_normalised_and_checked_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Case and blanks don't matter; a bad value fails every call: eager, on meta tensors,
+    on the wrapper's n_rep == 1 path and at trace time, not only where a kernel runs."""
+    k = _t(1, 2, 3, 4)
+    monkeypatch.setenv(BACKEND_ENV, " Torch\n")
+    assert EXPAND(k, k, 2, 4)[0].shape == (1, 4, 3, 4)
+    monkeypatch.setenv(BACKEND_ENV, "cuda-please")
+    calls = {
+        "eager": lambda: EXPAND(k, k, 2, 4),
+        "meta": lambda: EXPAND(k.to("meta"), k.to("meta"), 2, 4),
+        "n_rep-1": lambda: neuralops_gqa.gqa_expand(k, k, 2, 2),
+        "compiled": lambda: torch.compile(lambda a: EXPAND(a, a, 2, 4), backend="aot_eager")(k),
+    }
+    for name, call in calls.items():
+        torch._dynamo.reset()
+        with pytest.raises((ValueError, RuntimeError), match=f"{BACKEND_ENV} must be one of"):
+            call()
+            pytest.fail(f"{name}: no error")
+
+
+def test_repeat_kv_checks_whatever_n_rep() -> None:
+    x = _t(1, 2, 3, 4)
+    for n_rep in (1, 2):
+        with pytest.raises(TypeError, match="repeat_kv: hidden_states must be a Tensor, got NoneType"):
+            neuralops_gqa.repeat_kv(None, n_rep)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=r"hidden_states must be 4-D .* got shape \(2, 3, 4\)"):
+            neuralops_gqa.repeat_kv(x[0], n_rep)
+    with pytest.raises(TypeError, match="n_rep must be an int, got float"):
+        neuralops_gqa.repeat_kv(x, 1.0)  # type: ignore[arg-type]
+    assert neuralops_gqa.repeat_kv(x, 1) is x
+
+
+def test_jagged_nested_tensors_are_refused_clearly() -> None:
+    njt = torch.nested.nested_tensor([torch.randn(2, 3, 4), torch.randn(2, 5, 4)], layout=torch.jagged)
+    with pytest.raises(ValueError, match="gqa_expand: jagged nested tensors are not supported"):
+        EXPAND(njt, njt, 2, 4)
+    with pytest.raises(ValueError, match="gqa_reduce: jagged nested tensors are not supported"):
+        REDUCE(njt, njt, 2, 2)
+
+
+def test_vmap_errors_quote_the_samples_shapes() -> None:
+    k = _t(7, 2, 3, 4)  # seven samples of a 3-D tensor: each sample is (2, 3, 4)
+    with pytest.raises(ValueError, match=r"k must be 4-D \[B, H, N, D\], got shape \(2, 3, 4\)"):
+        torch.vmap(lambda a: EXPAND(a, a, 2, 4))(k)
+    g = _t(5, 1, 4, 3, 2)
+    with pytest.raises(ValueError, match=r"grad_k.shape\[1\] \(4\) must equal num_heads \(8\)"):
+        torch.vmap(lambda a: REDUCE(a, a, 2, 8))(g)
+
+
+@pytest.mark.slow
+def test_error_types_under_compile_and_export() -> None:
+    """What docs/semantics.md promises: eager and torch.export raise our ValueError;
+    torch.compile raises a RuntimeError subclass of dynamo's whose message holds ours."""
+    k, bad = _t(2, 2, 3, 4), _t(2, 2, 4, 4)
+    message = "k and v must agree in the sequence dim 2"
+
+    class Expand(torch.nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return EXPAND(a, b, 2, 4)[0]  # type: ignore[no-any-return]
+
+    with pytest.raises(ValueError, match=message):
+        EXPAND(k, bad, 2, 4)
+    with pytest.raises(ValueError, match=message):
+        torch.export.export(Expand(), (k, bad))
+    for fn in (lambda a, b: EXPAND(a, b, 2, 4), lambda a, b: neuralops_gqa.gqa_expand(a, b, 2, 2)):
+        torch._dynamo.reset()
+        with pytest.raises(RuntimeError, match=message) as info:
+            torch.compile(fn, fullgraph=True, backend="aot_eager")(k, bad)
+        assert isinstance(info.value, torch._dynamo.exc.TorchDynamoException)
+
+
+@pytest.mark.slow
+def test_wrapper_without_expansion_compiles_fullgraph() -> None:
+    """n_rep == 1 returns the inputs, under torch.compile(fullgraph=True) too."""
+    torch._dynamo.reset()
+    k, v = _t(2, 3, 4, 5), _t(2, 3, 4, 6)
+    out_k, out_v = torch.compile(lambda a, b: neuralops_gqa.gqa_expand(a, b, 3, 3), fullgraph=True)(k, v)
+    assert torch.equal(out_k, k) and torch.equal(out_v, v)
+    assert torch.equal(torch.compile(lambda a: neuralops_gqa.repeat_kv(a, 1), fullgraph=True)(k), k)

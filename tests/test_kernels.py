@@ -116,7 +116,7 @@ def test_unknown_size_rules_are_exact(device: str, shape: tuple[int, int, int, i
     if device == "cpu":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     k = make_tensor(shape, torch.bfloat16, layout, device, seed=1)
-    v = make_tensor(shape[:3] + (8,), torch.float32, "contiguous", device, seed=2)
+    v = make_tensor((*shape[:3], 8), torch.float32, "contiguous", device, seed=2)
     plan = gqa_triton._expand_plan_any(k.shape, k.stride(), 2, v.shape, v.stride(), 4, n_rep, H200,
                                        sizes_known=False)  # fmt: skip
     eager = gqa_triton._expand_plan(k.shape, k.stride(), 2, v.shape, v.stride(), 4, n_rep, H200)
@@ -152,3 +152,30 @@ def test_traced_launch_matches_eager(device: str, monkeypatch: pytest.MonkeyPatc
     assert_bitwise_equal(
         gqa_triton.reduce_backward(g, g, 3, traced=True)[0], gqa_triton.reduce_backward(g, g, 3)[0]
     )
+
+
+def test_interpreter_serves_threads(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sixteen threads calling the op at once: Triton's interpreter is not reentrant, so
+    interpreted launches take turns; every thread gets the right result."""
+    import threading
+
+    if device == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("NEURALOPS_GQA_BACKEND", "triton")
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        try:
+            k = make_tensor((1, 2, 5, 8), torch.float32, "bnhd", device, seed=seed)
+            for _ in range(3):
+                out, _ = torch.ops.neuralops.gqa_expand(k, k, 2, 6)
+                assert_bitwise_equal(out, expand_oracle(k, 3))
+        except BaseException as e:  # collected: an exception in a thread would go unseen
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors[:3]

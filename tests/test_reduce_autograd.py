@@ -162,7 +162,14 @@ def test_reduce_is_deterministic(backend: str, device: str, monkeypatch: pytest.
         monkeypatch.setattr(launch_settings, "REDUCE_SHORT_GROUP_BYTES_PER_WARP", per_warp)
         gqa_triton._reduce_plan.cache_clear()
         plan = gqa_triton._reduce_plan(
-            g_k.shape, g_k.stride(), g_k.dtype, g_v.shape, g_v.stride(), g_v.dtype, 6, gqa_triton._device_of(g_k)
+            g_k.shape,
+            g_k.stride(),
+            g_k.dtype,
+            g_v.shape,
+            g_v.stride(),
+            g_v.dtype,
+            6,
+            gqa_triton._device_of(g_k),
         )
         assert plan is not None and plan.meta["UNROLL"] == min(6, unroll)
         assert plan.meta["HINTS"] == bool(hints)
