@@ -46,7 +46,9 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from neuralops_gqa.functional import gqa_expand
 
 SDPA = "neuralops_sdpa"
+"""The ``attn_implementation`` name of ``sdpa_attention_forward``, once ``register()`` ran."""
 EAGER = "neuralops_eager"
+"""The ``attn_implementation`` name of ``eager_attention_forward``, once ``register()`` ran."""
 
 # transformers >= 5.23 attends a single decoding query on the KV heads themselves
 # (``pack_gqa``) instead of repeating them; there is nothing for our op to do then.
@@ -158,11 +160,11 @@ _SOFTCAP = "softcap"  # the same with Gemma 2's logit soft-capping and scaling=N
 _SINKS = "sinks"  # the same with GPT-OSS's attention sinks (module.sinks), softmax in the logits' dtype
 _OWN = "own"  # anything else: the layer's own eager attention runs, without our op
 _KNOWN_FORMS = {
-    # Llama, Mistral, Qwen2/3, Phi-3 and about 170 more modeling files (transformers 5.17-5.25).
+    # Llama, Mistral, Qwen2/3, Phi-3 and about 170 more modeling files (transformers 5.17.0, 5.24.0 and 5.25.0).
     "a747d51fb9a1a4a2": _LLAMA,
-    # Gemma 2/3/3n/4, VaultGemma, T5Gemma (transformers 5.17-5.25).
+    # Gemma 2/3/3n/4, VaultGemma, T5Gemma (transformers 5.17.0, 5.24.0 and 5.25.0).
     "1929b85b516dc58c": _SOFTCAP,
-    # GPT-OSS, DeepSeek-V4, HunYuan-V4 (transformers 5.17-5.25).
+    # GPT-OSS, DeepSeek-V4, HunYuan-V4 (transformers 5.17.0, 5.24.0 and 5.25.0).
     "b8862e7f17e6ffec": _SINKS,
 }
 
