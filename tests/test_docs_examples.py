@@ -54,7 +54,11 @@ class Example:
 
     @property
     def name(self) -> str:
-        return f"{self.page.relative_to(ROOT)}:{self.line}"
+        return f"{_shown(self.page)}:{self.line}"
+
+
+def _shown(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix() if page.is_relative_to(ROOT) else page.name
 
 
 def _parse_marker(text: str, where: str) -> list[tuple[str, str]]:
@@ -80,7 +84,7 @@ def _examples(page: Path) -> list[Example]:
     examples: list[Example] = []
     for match in _BLOCK.finditer(text):
         line = text.count("\n", 0, match.start("indent")) + 1
-        where = f"{page.relative_to(ROOT)}:{line}"
+        where = f"{_shown(page)}:{line}"
         words = _parse_marker(match["marker"], where) if match["marker"] else []
         indent = len(match["indent"])
         code = "".join(row[indent:] for row in match["code"].splitlines(keepends=True))
@@ -122,8 +126,24 @@ def _skip_reason(example: Example) -> str:
 
 def test_every_page_with_code_is_found() -> None:
     """The pages whose examples users copy first are among those run."""
-    names = {example.page.relative_to(ROOT).as_posix() for example in EXAMPLES}
+    names = {_shown(example.page) for example in EXAMPLES}
     assert {"README.md", "docs/index.md", "docs/usage/eager.md", "docs/usage/transformers.md"} <= names
+
+
+def test_markers(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "<!-- example: needs cuda, torchrun 2 -->\n```python\na = 1\n```\n\n"
+        "Continuing the example above:\n\n<!-- example: continues -->\n\n"
+        "    ```python\n    assert a == 1\n    ```\n\n```py\nb = 2\n```\n"
+    )
+    first, second = _examples(page)
+    assert (first.name, first.needs, first.ranks, len(first.code)) == ("page.md:2", ["cuda"], 2, 2)
+    assert first.code[1].strip() == "assert a == 1"  # dedented
+    assert (second.name, second.needs, second.ranks) == ("page.md:14", [], 0)
+    page.write_text("<!-- example: need cuda -->\n```python\npass\n```\n")
+    with pytest.raises(ValueError, match="unknown example marker 'need cuda'"):
+        _examples(page)
 
 
 @pytest.mark.slow
