@@ -1,22 +1,46 @@
-"""``python -m neuralops_gqa``: check the op on this machine's device, then time it against its peers.
+"""``python -m neuralops_gqa``: check the op on this machine's device, then time it against Hugging Face.
 
 Four steps, each printed as it finishes: the op against ``repeat_interleave`` (forward,
-bit-exact) and a float64 group sum (backward); the op inside ``torch.compile`` and inside a
-``torch.export`` graph; a short timing against Hugging Face's eager ``repeat_kv``; a one-line
-verdict. For the full benchmark see ``python -m neuralops_gqa.bench``.
+bit-exact, on a small mixed-layout sample and on the timed shape) and a float64 group sum
+(backward); the op inside ``torch.compile`` and inside a ``torch.export`` graph; a short
+timing against Hugging Face's eager ``repeat_kv``; a one-line verdict. ``--help`` lists the
+options (device, dtype, shape). For the full benchmark see ``python -m neuralops_gqa.bench``.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 import time
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 import neuralops_gqa
-from neuralops_gqa.bench import hf_repeat_kv
+from neuralops_gqa.ops import BACKEND_ENV
+from neuralops_gqa.peers import hf_repeat_kv
+
+# The names --dtype accepts: PyTorch's own and the usual short forms.
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "float64": torch.float64,
+    "fp64": torch.float64,
+    "double": torch.float64,
+}
+# (B, H_kv, H, N, D) timed when --shape is not given: a Llama-3-8B layer's KV on a GPU, a
+# quarter of its sequence on a CPU (where the copy runs at memory speed on a few cores).
+DEFAULT_SHAPES = {"cuda": (4, 8, 32, 4096, 128), "cpu": (1, 8, 32, 1024, 128)}
+Shape = tuple[int, int, int, int, int]
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -29,12 +53,13 @@ class _Block(torch.nn.Module):
         return _attention(q, k, v)
 
 
-def check_correctness(device: str) -> list[str]:
+def check_correctness(device: str, dtype: torch.dtype = torch.bfloat16) -> list[str]:
     """Failures, as sentences; empty when everything matched."""
     failures = []
     gen = torch.Generator().manual_seed(0)
-    k = torch.randn(2, 33, 4, 80, generator=gen).to(device, torch.bfloat16).transpose(1, 2)
-    v = torch.randn(2, 4, 33, 64, generator=gen).to(device, torch.bfloat16)
+    # Mixed layouts and head dims: k is a transposed [B, N, H, D] projection.
+    k = torch.randn(2, 33, 4, 80, generator=gen).to(device, dtype).transpose(1, 2)
+    v = torch.randn(2, 4, 33, 64, generator=gen).to(device, dtype)
     k_out, v_out = torch.ops.neuralops.gqa_expand(k, v, 4, 32)
     if not (torch.equal(k_out, k.repeat_interleave(8, 1)) and torch.equal(v_out, v.repeat_interleave(8, 1))):
         failures.append("forward differs from repeat_interleave")
@@ -61,48 +86,160 @@ def check_compile_export(device: str) -> list[str]:
     return failures
 
 
-def _time_us(fn: object, device: str, calls: int = 50) -> float:
-    for _ in range(5):
-        fn()  # type: ignore[operator]
-    if device == "cuda":
+def _synchronize(device: str) -> None:
+    if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
+
+
+def _time_us(fn: Callable[[], object], device: str, calls: int = 50) -> float:
+    for _ in range(5):
+        fn()
+    _synchronize(device)
     start = time.perf_counter()
     for _ in range(calls):
-        fn()  # type: ignore[operator]
-    if device == "cuda":
-        torch.cuda.synchronize()
+        fn()
+    _synchronize(device)
     return (time.perf_counter() - start) / calls * 1e6
 
 
-def short_benchmark(device: str) -> tuple[float, float]:
-    """Microseconds per call of both tensors' expansion, ours and Hugging Face's eager one."""
-    shape = (4, 8, 4096, 128) if device == "cuda" else (1, 8, 1024, 128)
-    k = torch.randn(shape, device=device, dtype=torch.bfloat16)
-    v = torch.randn(shape, device=device, dtype=torch.bfloat16)
-    ours = _time_us(lambda: torch.ops.neuralops.gqa_expand(k, v, 8, 32), device)
-    theirs = _time_us(lambda: (hf_repeat_kv(k, 4), hf_repeat_kv(v, 4)), device)
-    print(f"  B={shape[0]}, 8 -> 32 heads, N={shape[2]}, D=128, bfloat16, both tensors:")
+def short_benchmark(device: str, dtype: torch.dtype, shape: Shape) -> tuple[float, float, list[str]]:
+    """Microseconds per call of both tensors' expansion, ours and Hugging Face's eager one,
+    and the failures of the exactness check on these tensors."""
+    batch, kv_heads, heads, seq, dim = shape
+    k = torch.randn(batch, kv_heads, seq, dim, device=device).to(dtype)
+    v = torch.randn(batch, kv_heads, seq, dim, device=device).to(dtype)
+    n_rep = heads // kv_heads
+    k_out, v_out = torch.ops.neuralops.gqa_expand(k, v, kv_heads, heads)
+    exact = torch.equal(k_out, hf_repeat_kv(k, n_rep)) and torch.equal(v_out, hf_repeat_kv(v, n_rep))
+    failures = [] if exact else [f"forward differs from Hugging Face's repeat_kv at {_shape_text(shape)}"]
+    ours = _time_us(lambda: torch.ops.neuralops.gqa_expand(k, v, kv_heads, heads), device)
+    theirs = _time_us(lambda: (hf_repeat_kv(k, n_rep), hf_repeat_kv(v, n_rep)), device)
+    print(f"  {_shape_text(shape)}, {str(dtype).removeprefix('torch.')}, both tensors:")
     print(f"  neuralops {ours:9.1f} us   HF eager repeat_kv {theirs:9.1f} us   ({theirs / ours:.2f}x)")
-    return ours, theirs
+    return ours, theirs, failures
 
 
-def main() -> int:
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+def _shape_text(shape: Shape) -> str:
+    batch, kv_heads, heads, seq, dim = shape
+    return f"B={batch}, {kv_heads} -> {heads} heads, N={seq}, D={dim}"
+
+
+def _what_ran(device: str) -> str:
+    """Which implementation the op ran on ``device``, and what the timing means there."""
+    if torch.device(device).type == "cuda":
+        return "the Triton kernels"
+    if os.environ.get(BACKEND_ENV, "auto") == "triton":
+        return (
+            "the Triton kernels through Triton's interpreter (TRITON_INTERPRET=1): a correctness tool, "
+            "orders of magnitude slower than either implementation compiled; the timing means nothing"
+        )
+    return (
+        "the PyTorch reference, not the Triton kernels (those run on CUDA tensors): the timing compares "
+        "two CPU copies and the op's dispatch, not the kernels; expect about 0.5-1x here, and see "
+        "docs/benchmarks.md for the kernels on a GPU"
+    )
+
+
+def _device(text: str) -> str:
+    try:
+        device = torch.device(text)
+        torch.empty(1, device=device)
+    except (RuntimeError, AssertionError) as error:  # torch raises AssertionError for a CPU-only build
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device this PyTorch can use: {error}") from None
+    return str(device)
+
+
+def _dtype(text: str) -> torch.dtype:
+    try:
+        return DTYPES[text.lower().removeprefix("torch.")]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(DTYPES)}") from None
+
+
+def _shape(text: str) -> Shape:
+    parts = text.replace("x", ",").split(",")
+    try:
+        sizes = [int(part) for part in parts]
+    except ValueError:
+        sizes = []
+    if len(sizes) != 5 or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not five positive integers B,H_kv,H,N,D (e.g. 1,8,32,1024,128)"
+        )
+    batch, kv_heads, heads, seq, dim = sizes
+    if heads % kv_heads:
+        raise argparse.ArgumentTypeError(f"{text!r}: H ({heads}) must be a multiple of H_kv ({kv_heads})")
+    return batch, kv_heads, heads, seq, dim
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m neuralops_gqa",
+        description=(
+            "Check torch.ops.neuralops.gqa_expand / gqa_reduce on this machine (exact against "
+            "repeat_interleave, inside torch.compile and torch.export), then time the expansion of "
+            "k and v against Hugging Face's eager repeat_kv. On a CPU the op runs its PyTorch "
+            "reference, so the timing is no kernel benchmark. For that: python -m neuralops_gqa.bench."
+        ),
+    )
+    parser.add_argument(
+        "--device",
+        type=_device,
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="where to run (default: %(default)s, the GPU if there is one)",
+    )
+    parser.add_argument(
+        "--dtype",
+        type=_dtype,
+        default=torch.bfloat16,
+        metavar="{bf16,fp16,fp32,fp64}",
+        help="dtype of the timed tensors and of the exactness check (default: bf16; PyTorch's names work too)",
+    )
+    parser.add_argument(
+        "--shape",
+        type=_shape,
+        default=None,
+        metavar="B,H_kv,H,N,D",
+        help=(
+            "the timed k and v: batch, KV heads, query heads, sequence, head dim (default: "
+            f"{','.join(map(str, DEFAULT_SHAPES['cuda']))} on a GPU, "
+            f"{','.join(map(str, DEFAULT_SHAPES['cpu']))} elsewhere)"
+        ),
+    )
+    args = parser.parse_args(argv)
+    if args.shape is None:
+        args.shape = DEFAULT_SHAPES["cuda" if torch.device(args.device).type == "cuda" else "cpu"]
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    device, dtype, shape = args.device, args.dtype, args.shape
     print(f"neuralops_gqa {neuralops_gqa.__version__}, torch {torch.__version__}, device {device}")
     failures = []
-    for title, step in (("correctness", check_correctness), ("compile and export", check_compile_export)):
+    steps: tuple[tuple[str, Callable[[], list[str]]], ...] = (
+        ("correctness", lambda: check_correctness(device, dtype)),
+        ("compile and export", lambda: check_compile_export(device)),
+    )
+    for title, step in steps:
         start = time.perf_counter()
-        found = step(device)
+        found = step()
         failures += found
         print(f"[{'ok' if not found else 'FAIL'}] {title} ({time.perf_counter() - start:.1f} s)")
         for failure in found:
             print(f"  {failure}")
     print("[..] short benchmark")
-    ours, theirs = short_benchmark(device)
+    ours, theirs, found = short_benchmark(device, dtype, shape)
+    failures += found
+    for failure in found:
+        print(f"  FAIL: {failure}")
     if failures:
         print(f"verdict: FAIL, {len(failures)} check(s) failed")
         return 1
-    print(f"verdict: OK, every check passed; {theirs / ours:.2f}x Hugging Face's eager repeat_kv on {device}")
+    print(
+        f"verdict: OK, every check passed; {theirs / ours:.2f}x Hugging Face's eager repeat_kv on {device}, "
+        f"where the op ran {_what_ran(device)}"
+    )
     return 0
 
 

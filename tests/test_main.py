@@ -1,4 +1,4 @@
-"""The README's main command, ``python -m neuralops_gqa``, ends with a passing verdict."""
+"""The README's main command, ``python -m neuralops_gqa``: its options, its errors, its verdict."""
 
 from __future__ import annotations
 
@@ -6,11 +6,76 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
-pytestmark = pytest.mark.slow
+from neuralops_gqa import __main__ as demo
+
+TINY = ["--shape", "1,2,4,8,16"]
 
 
-def test_demo_verdict() -> None:
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> None:
+    torch._dynamo.reset()  # main() compiles; other tests' graphs stay out of its way
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "float32"])
+def test_tiny_run_passes(device: str, dtype: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert demo.main(["--device", device, "--dtype", dtype, *TINY]) == 0
+    out = capsys.readouterr().out
+    assert "[ok] correctness" in out and "[ok] compile and export" in out
+    assert "B=1, 2 -> 4 heads, N=8, D=16" in out
+    verdict = out.strip().splitlines()[-1]
+    assert verdict.startswith("verdict: OK")
+    if device == "cpu":  # the CPU timing is the reference's, and the verdict says so
+        assert "PyTorch reference, not the Triton kernels" in verdict
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--dtype", "bf17"], "'bf17' is not one of bfloat16, bf16"),
+        (["--shape", "1,8,30,16"], "is not five positive integers B,H_kv,H,N,D"),
+        (["--shape", "1,8,30,16,64"], "H (30) must be a multiple of H_kv (8)"),
+        (["--shape", "1,0,0,16,64"], "is not five positive integers"),
+        (["--device", "nowhere"], "'nowhere' is not a device this PyTorch can use"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+    ids=["dtype", "shape-length", "shape-multiple", "shape-zero", "device", "unknown"],
+)
+def test_bad_arguments_are_clear_errors(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        demo.main(args)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_missing_cuda_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        demo.main(["--device", "cuda"])
+    assert "'cuda' is not a device this PyTorch can use" in capsys.readouterr().err
+
+
+def test_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        demo.main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for option in ("--device", "--dtype", "--shape", "B,H_kv,H,N,D", "bf16"):
+        assert option in out
+
+
+def test_does_not_import_the_benchmark() -> None:
+    code = "import sys, neuralops_gqa.__main__; assert 'neuralops_gqa.bench' not in sys.modules"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.slow
+def test_default_run_verdict() -> None:
+    """The command exactly as the README gives it."""
     result = subprocess.run(
         [sys.executable, "-m", "neuralops_gqa"], capture_output=True, text=True, timeout=300, check=False
     )

@@ -216,30 +216,92 @@ def _qkv_mask(device: str) -> tuple[torch.Tensor, ...]:
     return q, k, v, mask
 
 
-def test_eager_softcap_matches_gemma2(device: str) -> None:
-    """``softcap`` and ``scaling=None`` (``head_dim ** -0.5``), as Gemma 2 passes them."""
-    from transformers.models.gemma2 import modeling_gemma2
-
-    q, k, v, mask = _qkv_mask(device)
-    module = _module()
-    expected = modeling_gemma2.eager_attention_forward(module, q, k, v, mask, softcap=0.5)
-    actual = neuralops_transformers.eager_attention_forward(module, q, k, v, mask, softcap=0.5)
-    for a, e in zip(actual, expected):
-        torch.testing.assert_close(a, e, rtol=0, atol=0)
-
-
-def test_eager_sinks_match_gpt_oss(device: str) -> None:
-    """GPT-OSS passes its attention sinks as ``s_aux``; its own eager reads ``module.sinks``."""
-    from transformers.models.gpt_oss import modeling_gpt_oss
-
-    q, k, v, mask = _qkv_mask(device)
-    module = _module(sinks=torch.randn(6, generator=torch.Generator().manual_seed(3)).to(device))
-    expected = modeling_gpt_oss.eager_attention_forward(module, q, k, v, mask, scaling=0.3)
-    actual = neuralops_transformers.eager_attention_forward(
-        module, q, k, v, mask, scaling=0.3, s_aux=module.sinks
+def _other_config(family: str) -> transformers.PretrainedConfig:
+    """Families whose eager attention is not the Llama family's, as tiny as ``_config``'s."""
+    common = dict(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
     )
-    for a, e in zip(actual, expected):
-        torch.testing.assert_close(a, e, rtol=0, atol=0)
+    if family == "gemma2":  # soft-capped logits, a sliding-window layer
+        return transformers.Gemma2Config(**common, head_dim=16, attn_logit_softcapping=5.0, sliding_window=4)
+    if family == "gpt_oss":  # attention sinks in the softmax; a mixture of 2 experts
+        return transformers.GptOssConfig(
+            **common, head_dim=16, num_local_experts=2, num_experts_per_tok=1, sliding_window=4
+        )
+    if family == "granite_swa":  # sinks applied as a scale of the output: not reproduced
+        return transformers.GraniteSWAConfig(**common, sliding_window=4)
+    raise ValueError(family)
+
+
+@pytest.mark.parametrize(
+    ("family", "expansions"), [("gemma2", LAYERS), ("gpt_oss", LAYERS), ("granite_swa", 0)]
+)
+def test_eager_families_match_stock(
+    backend: str,
+    device: str,
+    family: str,
+    expansions: int,
+    op_calls: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Logits and attention weights equal stock ``"eager"``'s, bit for bit: Gemma 2's
+    soft-capping and GPT-OSS's sinks through our op; Granite-SWA, whose eager attention
+    applies its sinks as an output scale, through its own eager attention, with a warning."""
+    monkeypatch.setattr(neuralops_transformers, "_FORMS", {})  # resolve (and warn) afresh
+    torch.manual_seed(0)
+    build = transformers.AutoModelForCausalLM.from_config
+    ref = build(_other_config(family), attn_implementation="eager").to(device)
+    with torch.no_grad():  # sinks start at zero (Granite-SWA) or small: make them matter
+        for name, param in ref.named_parameters():
+            if name.endswith("sinks"):
+                param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(5)))
+    model = build(_other_config(family), attn_implementation="neuralops_eager").to(device)
+    model.load_state_dict(ref.state_dict())
+    batch = _padded_batch(device)
+    del batch["labels"]
+    with torch.no_grad():
+        expected = ref(**batch, output_attentions=True)
+        if expansions:
+            actual = model(**batch, output_attentions=True)
+        else:
+            with pytest.warns(UserWarning, match="runs its own eager attention"):
+                actual = model(**batch, output_attentions=True)
+    assert op_calls == ["gqa_expand"] * expansions
+    torch.testing.assert_close(actual.logits, expected.logits, rtol=0, atol=0)
+    assert len(actual.attentions) == len(expected.attentions) == LAYERS
+    for layer, (a, e) in enumerate(zip(actual.attentions, expected.attentions)):
+        torch.testing.assert_close(a, e, rtol=0, atol=0, msg=f"layer {layer}")
+
+
+def test_eager_forms_of_the_installed_transformers() -> None:
+    """The fingerprints still name the installed Llama, Gemma 2 and GPT-OSS eager attentions.
+    Fails where a transformers release rewrote one: compare the new function with ours, then
+    add its fingerprint (those layers run their own eager attention until then)."""
+    from transformers.models.gemma2 import modeling_gemma2
+    from transformers.models.gpt_oss import modeling_gpt_oss
+    from transformers.models.llama import modeling_llama
+
+    resolve = neuralops_transformers._resolve
+    assert resolve(modeling_llama.LlamaAttention) == neuralops_transformers._LLAMA
+    assert resolve(modeling_gemma2.Gemma2Attention) == neuralops_transformers._SOFTCAP
+    assert resolve(modeling_gpt_oss.GptOssAttention) == neuralops_transformers._SINKS
+
+
+def test_eager_refuses_a_layer_without_eager_attention() -> None:
+    """A module whose eager attention cannot be found: a clear error, not a guess."""
+    q, k, v, mask = _qkv_mask("cpu")
+    with pytest.raises(
+        NotImplementedError, match=r"cannot find the eager attention of types\.SimpleNamespace"
+    ):
+        neuralops_transformers.eager_attention_forward(_module(), q, k, v, mask, scaling=0.3)
 
 
 @pytest.mark.parametrize("masked", [True, False], ids=["mask", "causal"])
