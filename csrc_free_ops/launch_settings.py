@@ -49,6 +49,12 @@ def cuda_device(index: int) -> Device:
 
 # Programs wanted in one launch, in waves of the device's SMs (4 x 132 = 528 on an H200).
 WAVES = 4
+# The reduction of long groups (MQA) splits the sequence finer: each program sums its
+# group's n_rep tiles in order, so more, smaller tiles put more loads in flight and even
+# out the SMs' shares; tiles shrink to LONG_GROUP_MIN_TILE_BYTES while the grid is under
+# LONG_GROUP_WAVES waves.
+LONG_GROUP_WAVES = 4
+LONG_GROUP_MIN_TILE_BYTES = 2048
 # A tile's bytes before shrinking, and the floor shrinking stops at.
 TILE_BYTES = 4096
 MIN_TILE_BYTES = 2048
@@ -102,7 +108,11 @@ def _tiling(
     per_warp: int,
     device: Device,
     sizes_known: bool,
+    waves: int | None = None,
+    min_tile_bytes: int | None = None,
 ) -> Tiling:
+    target = (WAVES if waves is None else waves) * device.sms
+    floor = MIN_TILE_BYTES if min_tile_bytes is None else min_tile_bytes
     tile_elems = max(1, TILE_BYTES // itemsize)
     if not sizes_known:
         # A folded head (rows == 1) is one run of unknown length: the tile takes it whole.
@@ -113,7 +123,7 @@ def _tiling(
         block_c = min(triton.next_power_of_2(cols), tile_elems)
         block_r = max(1, min(triton.next_power_of_2(rows), tile_elems // block_c))
         tiles = heads * triton.cdiv(rows, block_r) * triton.cdiv(cols, block_c)
-        if tiles >= target_programs(device) or tile_elems * itemsize <= MIN_TILE_BYTES:
+        if tiles >= target or tile_elems * itemsize <= floor:
             break
         tile_elems //= 2
     warps = min(MAX_WARPS, max(1, block_r * block_c * itemsize // per_warp))
@@ -156,9 +166,10 @@ def reduce_tiling(
     rows: int, cols: int, itemsize: int, heads: int, n_rep: int, device: Device, sizes_known: bool = True
 ) -> Tiling:
     """Tiling of one KV head's ``[rows, cols]`` plane for the group reduction."""
-    short = n_rep <= SHORT_GROUP_MAX_REPS
-    per_warp = REDUCE_SHORT_GROUP_BYTES_PER_WARP if short else BYTES_PER_WARP
-    return _tiling(rows, cols, itemsize, heads, per_warp, device, sizes_known)
+    if n_rep <= SHORT_GROUP_MAX_REPS:
+        return _tiling(rows, cols, itemsize, heads, REDUCE_SHORT_GROUP_BYTES_PER_WARP, device, sizes_known)
+    return _tiling(rows, cols, itemsize, heads, BYTES_PER_WARP, device, sizes_known,
+                   LONG_GROUP_WAVES, LONG_GROUP_MIN_TILE_BYTES)  # fmt: skip
 
 
 def cache_hints(n_rep: int) -> bool:

@@ -32,5 +32,5 @@ def reduce_reference(grad: Tensor, num_kv_heads: int) -> Tensor:
     """
     heads = grad.shape[1]
     acc_dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32
-    summed = grad.unflatten(1, (num_kv_heads, heads // num_kv_heads)).sum(2, dtype=acc_dtype)
+    summed: Tensor = grad.unflatten(1, (num_kv_heads, heads // num_kv_heads)).sum(2, dtype=acc_dtype)
     return summed.to(grad.dtype).contiguous()

@@ -913,6 +913,12 @@ SWEEP_BACKWARD: dict[str, tuple[int, ...]] = {
     "REDUCE_UNROLL": (8, 16),
     "CACHE_HINTS": (0, 1),
 }
+# The reduction of long groups (MQA) on its own: how finely to split the sequence.
+SWEEP_LONG_GROUPS: dict[str, tuple[int, ...]] = {
+    "LONG_GROUP_WAVES": (4, 8, 16, 32),
+    "LONG_GROUP_MIN_TILE_BYTES": (256, 512, 1024, 2048),
+    "REDUCE_UNROLL": (8, 16),
+}
 
 
 def write_ceiling_gbs(effort: Effort) -> float:
@@ -921,7 +927,19 @@ def write_ceiling_gbs(effort: Effort) -> float:
     return 2**30 / median_ms(lambda: dst.fill_(7), "cuda", effort) / 1e6
 
 
-def sweep(shapes: list[Shape], dtype: torch.dtype, effort: Effort = FULL) -> dict[str, Any]:
+SWEEP_GRIDS = {
+    "forward": ("forward", SWEEP_FORWARD),
+    "backward": ("backward", SWEEP_BACKWARD),
+    "long-groups": ("backward", SWEEP_LONG_GROUPS),
+}
+
+
+def sweep(
+    shapes: list[Shape],
+    dtype: torch.dtype,
+    effort: Effort = FULL,
+    which: tuple[str, ...] = ("forward", "backward"),
+) -> dict[str, Any]:
     """Time every launch-settings candidate on every shape, forward and backward (CUDA only).
 
     Each candidate's output is checked against ``repeat_interleave`` once, so a fast wrong
@@ -929,13 +947,13 @@ def sweep(shapes: list[Shape], dtype: torch.dtype, effort: Effort = FULL) -> dic
     """
     from csrc_free_ops import gqa_triton, launch_settings
 
-    grids = {
-        direction: {n: vals for n, vals in grid.items() if hasattr(launch_settings, n)}
-        for direction, grid in (("forward", SWEEP_FORWARD), ("backward", SWEEP_BACKWARD))
-    }
-    names = {n for g in grids.values() for n in g}
+    grids = [
+        (direction, {n: vals for n, vals in grid.items() if hasattr(launch_settings, n)})
+        for direction, grid in (SWEEP_GRIDS[name] for name in which)
+    ]
+    names = {n for _, g in grids for n in g}
     saved = {n: getattr(launch_settings, n) for n in names}
-    total = sum(len(list(itertools.product(*g.values()))) for g in grids.values())
+    total = sum(len(list(itertools.product(*g.values()))) for _, g in grids)
     progress = Progress(total)
     rows = []
 
@@ -953,7 +971,7 @@ def sweep(shapes: list[Shape], dtype: torch.dtype, effort: Effort = FULL) -> dic
     inputs = {s.name: sets(s, s.kv_heads) for s in shapes}
     grads = {s.name: sets(s, s.heads) for s in shapes}
     try:
-        for direction, grid in grids.items():
+        for direction, grid in grids:
             for values in itertools.product(*grid.values()):
                 setting = dict(zip(grid, values))
                 for n, val in setting.items():
@@ -1118,6 +1136,11 @@ def build_parser() -> argparse.ArgumentParser:
     action.add_argument(
         "--sweep", action="store_true", help="time the launch-settings candidates instead (CUDA only)"
     )
+    parser.add_argument(
+        "--sweep-grids",
+        default="forward,backward",
+        help=f"with --sweep: which candidate grids, comma-separated ({', '.join(SWEEP_GRIDS)})",
+    )
     action.add_argument(
         "--render",
         nargs="*",
@@ -1172,7 +1195,11 @@ def main(argv: list[str] | None = None) -> int:
     effort = QUICK if args.quick else FULL
     args.out.mkdir(parents=True, exist_ok=True)
     if args.sweep:
-        result = sweep(shapes, args.dtypes[0], effort)
+        which = tuple(args.sweep_grids.split(","))
+        unknown = [w for w in which if w not in SWEEP_GRIDS]
+        if unknown:
+            parser.error(f"--sweep-grids: unknown {', '.join(unknown)}; choose from {', '.join(SWEEP_GRIDS)}")
+        result = sweep(shapes, args.dtypes[0], effort, which)
         (args.out / "sweep.json").write_text(json.dumps(result, indent=1))
         print(f"wrote {args.out}/sweep.json")
         return 0

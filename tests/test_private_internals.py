@@ -43,7 +43,9 @@ _USE_THE_OP = """
 
 
 def test_switch_off_uses_public_paths_and_refuses_forward_ad() -> None:
-    code = _USE_THE_OP + """
+    code = (
+        _USE_THE_OP
+        + """
     from csrc_free_ops import private_internals
     assert not private_internals.ENABLED
     import torch.autograd.forward_ad as fwAD
@@ -54,6 +56,7 @@ def test_switch_off_uses_public_paths_and_refuses_forward_ad() -> None:
             assert "forward-mode AD" in str(e) and "NEURALOPS_GQA_PRIVATE_INTERNALS=0" in str(e), e
             print("refused")
     """
+    )
     result = _run(code, **{private_internals.ENV: "0"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "refused" in result.stdout and "warnings: []" in result.stdout
