@@ -117,13 +117,13 @@ def _assert_grads_close(actual: dict[str, torch.Tensor], expected: dict[str, tor
 
 @pytest.fixture
 def op_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The name of each real call of either op (fake-tensor calls at trace time excluded)."""
+    """The name of each real call of either op; a call seen while tracing (fake tensors, or the
+    op taken apart for a compiler) is recorded as ``"traced NAME"``."""
     calls: list[str] = []
     check = ops.check_inputs
 
     def recording_check(op, names, a, b, *args, concrete=False, **kwargs):  # type: ignore[no-untyped-def]
-        if concrete:
-            calls.append(op)
+        calls.append(op if concrete else f"traced {op}")
         return check(op, names, a, b, *args, concrete=concrete, **kwargs)
 
     monkeypatch.setattr(ops, "check_inputs", recording_check)
@@ -162,7 +162,9 @@ def test_compiled_training_step_matches_stock(
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend="inductor" if device == "cuda" else "aot_eager")
     logits, grads = _step(model, batch, compiled)
-    assert sorted(op_calls) == ["gqa_expand"] * LAYERS + ["gqa_reduce"] * LAYERS
+    # Traced into the graph, then taken apart for the backend: no real call at run time.
+    assert {"traced gqa_expand", "traced gqa_reduce"} <= set(op_calls)
+    assert not [call for call in op_calls if not call.startswith("traced ")], op_calls
     torch.testing.assert_close(
         logits, logits_ref, rtol=COMPILED_RTOL, atol=COMPILED_RTOL * float(logits_ref.abs().max())
     )
