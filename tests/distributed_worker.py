@@ -193,6 +193,20 @@ def test_backward(mesh, device: str) -> None:
                     )
 
 
+def test_double_backward(mesh, device: str) -> None:
+    """gqa_reduce's own backward (gqa_expand, with a stand-in for v) on DTensors."""
+    world = mesh.size()
+    k = torch.randn(2, 2 * world, 3, 4 * world, generator=torch.Generator().manual_seed(8)).to(device)
+    for placement in (Shard(1), Shard(3)):
+        kd = distribute_tensor(k, mesh, [placement]).requires_grad_()
+        vd = distribute_tensor(k, mesh, [placement])
+        ko, _ = EXPAND(kd, vd, 2 * world, 4 * world)
+        (grad,) = torch.autograd.grad((ko * ko).sum(), kd, create_graph=True)  # 2 * n_rep * k
+        check(torch.allclose(grad.full_tensor(), 4 * k, atol=1e-5), f"{placement}: first gradient")
+        grad.sum().backward()
+        check(torch.allclose(kd.grad.full_tensor(), torch.full_like(k, 4.0)), f"{placement}: second gradient")
+
+
 def test_backward_compiled(mesh, device: str) -> None:
     """One output used, compiled: the backward's stand-in for the unused gradient."""
     world = mesh.size()
@@ -342,6 +356,7 @@ def main() -> None:
         test_mixed_placements(mesh, device)
     test_backward(mesh, device)
     if not INTERPRETED:
+        test_double_backward(mesh, device)
         test_backward_compiled(mesh, device)
     test_errors(mesh, device)
     test_2d_mesh(device)
