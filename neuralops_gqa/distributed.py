@@ -142,12 +142,24 @@ def _refuse(reason: str) -> Callable[..., Any]:
     return refuse
 
 
+def _register_refusal(reason: str) -> None:
+    """Make DTensor's own fallback, a sharding rule, raise ``reason`` instead of its generic error."""
+    try:
+        from torch.distributed.tensor.experimental import register_sharding
+
+        for name in _OPS:
+            register_sharding(getattr(torch.ops.neuralops, name).default)(_refuse(reason))
+    except Exception:  # a hint only: DTensor's generic error is what is left
+        pass
+
+
 def register() -> None:
     """Route both ops on DTensors through ``_dtensor_rule`` (once; later calls do nothing).
 
     Never raises: on a torch without the public extension point it warns once, and a
-    DTensor call then raises an error that names what is missing (through DTensor's
-    sharding-rule hook where that exists).
+    DTensor call then raises an error that names what is missing. The same error, with
+    another reason, stands behind the rule should a torch dispatch DTensors to sharding
+    rules without consulting it.
     """
     global _registered, unavailable
     if _registered:
@@ -156,19 +168,17 @@ def register() -> None:
     try:
         from torch.distributed.tensor import DTensor
 
-        register_torch_dispatch = torch.library.register_torch_dispatch
-    except (ImportError, AttributeError) as exc:
-        unavailable = f"torch.library.register_torch_dispatch or DTensor is missing ({exc})"
+        for name in _OPS:
+            torch.library.register_torch_dispatch(f"neuralops::{name}", DTensor, _dtensor_rule)
+    except Exception as exc:  # importing the package must not fail on a torch that moved
+        unavailable = (
+            f"registering a DTensor rule with torch.library.register_torch_dispatch failed ({exc!r})"
+        )
         warnings.warn(
             f"neuralops_gqa: DTensor inputs will raise an error: {unavailable}", RuntimeWarning, stacklevel=2
         )
-        try:
-            from torch.distributed.tensor.experimental import register_sharding
-
-            for name in _OPS:
-                register_sharding(getattr(torch.ops.neuralops, name).default)(_refuse(unavailable))
-        except (ImportError, AttributeError, RuntimeError):
-            pass  # DTensor's own "no sharding strategy" error is all there is
+        _register_refusal(unavailable)
         return
-    for name in _OPS:
-        register_torch_dispatch(f"neuralops::{name}", DTensor, _dtensor_rule)
+    _register_refusal(
+        "DTensor's dispatch did not call the rule registered with torch.library.register_torch_dispatch"
+    )
