@@ -1,69 +1,104 @@
-"""``gqa_expand`` and ``gqa_reduce`` on DTensors: every placement, no communication.
+"""``gqa_expand`` and ``gqa_reduce`` on DTensors: each tensor on its own placements.
 
-Both ops copy or sum along the head dim only, so each rank can work on its own shard:
+Each output of either op depends on one input only (k's expansion on k, v's on v), and only
+along the head dim, so each rank can work on its own shard of each tensor:
 
-- ``Replicate``, ``Shard(0)`` (batch), ``Shard(2)`` (sequence), ``Shard(3)`` (head dim) and
-  ``Partial`` (the ops are linear) keep the head counts: the local call is the global one
-  on the local tensors.
+- ``Replicate``, ``Shard(0)`` (batch), ``Shard(2)`` (sequence) and ``Shard(3)`` (head dim)
+  keep the head counts: the local call is the global one on the local tensors.
 - ``Shard(1)`` (heads) gives each rank ``num_kv_heads / ranks`` KV heads, which expand to
   exactly its ``num_heads / ranks`` query heads in interleave order, so the local call
   takes the local head counts.
+- ``Partial``: the expansion is a copy, so it commutes with every reduce op (sum, avg,
+  max, min, product, ...) and keeps the placement. The reduction is a sum, which commutes
+  with ``Partial("sum")`` and ``Partial("avg")`` only; any other reduce op is reduced
+  across ranks first (``Replicate``), the only case that moves data.
 
-The result keeps the input's placements. Head counts are always the global ones.
+Placements and meshes of k and v may differ (so may those of the two gradients that
+autograd hands the backward): each result keeps its own input's placements. The two local
+calls become one when the local shapes and head counts agree, as they do when the
+placements match. Head counts are always the global ones; this module translates them.
 
-Why a DTensor op handler and not ``torch.distributed.tensor.experimental.register_sharding``:
-a sharding rule can only choose placements; the local call would still receive the global
-head counts, which a ``Shard(1)`` input contradicts. The handler translates them.
+Why ``torch.library.register_torch_dispatch`` and not
+``torch.distributed.tensor.experimental.register_sharding``: a sharding rule can only
+choose placements; the local call would still receive the global head counts, which a
+``Shard(1)`` input contradicts, and k and v would be forced onto common placements. The
+torch_dispatch rule sees the DTensors and translates the head counts.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import warnings
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from neuralops_gqa.ops import check_inputs
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
-def _local_call(op: str, names: tuple[str, str], args: tuple[Any, ...]) -> tuple[Tensor, Tensor, int, int]:
-    """Validate a DTensor call; return the local tensors and the local head counts."""
-    a, b, num_kv_heads, num_heads = args
-    for name, x in zip(names, (a, b)):
-        if not isinstance(x, DTensor):
-            raise RuntimeError(
-                f"{op}: {names[0]} and {names[1]} must both be DTensors or both plain tensors, "
-                f"got {type(x).__name__} for {name}"
-            )
-    check_inputs(op, names, a, b, num_kv_heads, num_heads)
-    torch._check(
-        a.device_mesh == b.device_mesh and a.placements == b.placements,
-        lambda: (
-            f"{op}: {names[0]} and {names[1]} must share one device mesh and placements, "
-            f"got {a.placements} and {b.placements}"
-        ),
-    )
+    from torch.distributed.tensor import DTensor
+
+_OPS = ("gqa_expand", "gqa_reduce")
+_NAMES = {"gqa_expand": ("k", "v"), "gqa_reduce": ("grad_k", "grad_v")}
+# Partial reduce ops that commute with each op: a copy commutes with any elementwise
+# reduction across ranks; a sum only with a sum (avg is a sum over a constant).
+_COMMUTING_REDUCE_OPS: dict[str, frozenset[str] | None] = {
+    "gqa_expand": None,  # every reduce op of a plain Partial
+    "gqa_reduce": frozenset({"sum", "avg"}),
+}
+
+_registered = False
+unavailable: str | None = None
+"""Why DTensor inputs are refused on this torch, or None when they are supported."""
+
+
+def _local(op: str, name: str, x: DTensor, num_kv_heads: int) -> tuple[DTensor, int]:
+    """``x`` on placements the op commutes with, and the number of shards of its head dim.
+
+    Allow-list: ``Replicate``, any ``Shard`` of dims 0, 2 and 3, a plain ``Shard(1)``, and a
+    plain ``Partial`` whose reduce op commutes with ``op``. Any other placement of a mesh
+    dim (another reduce op, a strided shard of the heads, a placement this module does not
+    know) is replicated along that mesh dim first, which is what DTensor does for an aten
+    op without a matching sharding strategy.
+    """
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    commuting = _COMMUTING_REDUCE_OPS[op]
+    placements = list(x.placements)
     split = 1
-    for mesh_dim, placement in enumerate(a.placements):
+    replicate = False
+    for mesh_dim, placement in enumerate(placements):
+        if isinstance(placement, Replicate):
+            continue
         if isinstance(placement, Shard):
-            if placement.dim % 4 == 1:
-                split *= a.device_mesh.size(mesh_dim)
-        elif not isinstance(placement, (Replicate, Partial)):
-            raise ValueError(f"{op}: unsupported placement {placement} of {names[0]}")
+            if placement.dim % 4 != 1:  # the op is independent along batch, sequence and head dim
+                continue
+            if type(placement) is Shard:  # contiguous blocks of heads: whole groups per rank
+                split *= x.device_mesh.size(mesh_dim)
+                continue
+        elif type(placement) is Partial and (commuting is None or placement.reduce_op in commuting):
+            continue
+        placements[mesh_dim] = Replicate()
+        replicate = True
+    if replicate:
+        x = x.redistribute(x.device_mesh, placements)
     if split > 1:
         torch._check_value(
             num_kv_heads % split == 0,
             lambda: (
                 f"{op}: num_kv_heads ({num_kv_heads}) must be divisible by the {split} ranks that "
-                f"shard the head dim (Shard(1)) of {names[0]}"
+                f"shard the head dim (Shard(1)) of {name}"
             ),
         )
-    return a.to_local(), b.to_local(), num_kv_heads // split, num_heads // split
+    return x, split
 
 
 def _wrap(local: Tensor, like: DTensor, heads: int) -> DTensor:
     """A DTensor over ``local`` with ``like``'s mesh and placements and ``heads`` global heads."""
+    from torch.distributed.tensor import DTensor
+
     shape = torch.Size((like.shape[0], heads, like.shape[2], like.shape[3]))
     stride = (heads * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1)
     return DTensor.from_local(
@@ -71,22 +106,79 @@ def _wrap(local: Tensor, like: DTensor, heads: int) -> DTensor:
     )
 
 
-def _expand_handler(op_call: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[DTensor, DTensor]:
-    k_local, v_local, kv_local, heads_local = _local_call("gqa_expand", ("k", "v"), args)
-    out_k, out_v = op_call(k_local, v_local, kv_local, heads_local)
-    num_heads = args[3]
-    return _wrap(out_k, args[0], num_heads), _wrap(out_v, args[1], num_heads)
+def _dtensor_rule(cls: type, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The torch_dispatch rule of both ops for DTensor: local calls, results rewrapped."""
+    from torch.distributed.tensor import DTensor
+
+    op = func._schema.name.split("::")[-1]
+    names = _NAMES[op]
+    a, b, num_kv_heads, num_heads = (*args, *kwargs.values())
+    for name, x in zip(names, (a, b)):
+        if not isinstance(x, DTensor):
+            raise RuntimeError(
+                f"{op}: {names[0]} and {names[1]} must both be DTensors or both plain tensors, "
+                f"got {type(x).__name__} for {name}"
+            )
+    check_inputs(op, names, a, b, num_kv_heads, num_heads)
+    (a, split_a), (b, split_b) = _local(op, names[0], a, num_kv_heads), _local(op, names[1], b, num_kv_heads)
+    local_a, local_b = a.to_local(), b.to_local()
+    if split_a == split_b and local_a.shape[:3] == local_b.shape[:3]:
+        out_a, out_b = func(local_a, local_b, num_kv_heads // split_a, num_heads // split_a)
+    else:
+        # Different local shapes or head counts: one call per tensor, each with a local
+        # zero-width stand-in for the other (it passes the checks and costs nothing).
+        out_a, _ = func(local_a, local_a[..., :0], num_kv_heads // split_a, num_heads // split_a)
+        _, out_b = func(local_b[..., :0], local_b, num_kv_heads // split_b, num_heads // split_b)
+    heads = num_heads if op == "gqa_expand" else num_kv_heads
+    return _wrap(out_a, a, heads), _wrap(out_b, b, heads)
 
 
-def _reduce_handler(op_call: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[DTensor, DTensor]:
-    gk_local, gv_local, kv_local, heads_local = _local_call("gqa_reduce", ("grad_k", "grad_v"), args)
-    out_k, out_v = op_call(gk_local, gv_local, kv_local, heads_local)
-    num_kv_heads = args[2]
-    return _wrap(out_k, args[0], num_kv_heads), _wrap(out_v, args[1], num_kv_heads)
+def _refuse(reason: str) -> Callable[..., Any]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            f"neuralops_gqa: DTensor inputs are not supported on torch {torch.__version__}: {reason}"
+        )
+
+    return refuse
+
+
+def _register_refusal(reason: str) -> None:
+    """Make DTensor's own fallback, a sharding rule, raise ``reason`` instead of its generic error."""
+    try:
+        from torch.distributed.tensor.experimental import register_sharding
+
+        for name in _OPS:
+            register_sharding(getattr(torch.ops.neuralops, name).default)(_refuse(reason))
+    except Exception:  # a hint only: DTensor's generic error is what is left
+        pass
 
 
 def register() -> None:
-    """Route both ops on DTensors through the handlers above (idempotent)."""
-    handlers = DTensor._op_dispatcher._custom_op_handlers
-    handlers[torch.ops.neuralops.gqa_expand.default] = _expand_handler
-    handlers[torch.ops.neuralops.gqa_reduce.default] = _reduce_handler
+    """Route both ops on DTensors through ``_dtensor_rule`` (once; later calls do nothing).
+
+    Never raises: on a torch without the public extension point it warns once, and a
+    DTensor call then raises an error that names what is missing. The same error, with
+    another reason, stands behind the rule should a torch dispatch DTensors to sharding
+    rules without consulting it.
+    """
+    global _registered, unavailable
+    if _registered:
+        return
+    _registered = True
+    try:
+        from torch.distributed.tensor import DTensor
+
+        for name in _OPS:
+            torch.library.register_torch_dispatch(f"neuralops::{name}", DTensor, _dtensor_rule)
+    except Exception as exc:  # importing the package must not fail on a torch that moved
+        unavailable = (
+            f"registering a DTensor rule with torch.library.register_torch_dispatch failed ({exc!r})"
+        )
+        warnings.warn(
+            f"neuralops_gqa: DTensor inputs will raise an error: {unavailable}", RuntimeWarning, stacklevel=2
+        )
+        _register_refusal(unavailable)
+        return
+    _register_refusal(
+        "DTensor's dispatch did not call the rule registered with torch.library.register_torch_dispatch"
+    )

@@ -90,9 +90,10 @@ def repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
         torch._check_value(False, lambda: message)
     if n_rep == 1:
         return hidden_states
-    kv_heads = hidden_states.shape[1]
+    batch, kv_heads, seq, _ = hidden_states.shape
+    # The op's v: a zero-width tensor, no work. new_empty, not a slice: slicing a DTensor
+    # sharded on the last dim (Shard(3)) to zero width gathers it from every rank first.
+    no_v = hidden_states.new_empty((batch, kv_heads, seq, 0))
     out: Tensor  # torch.ops is untyped; the schema returns (Tensor, Tensor)
-    out, _ = torch.ops.neuralops.gqa_expand(
-        hidden_states, hidden_states.narrow(3, 0, 0), kv_heads, kv_heads * n_rep
-    )
+    out, _ = torch.ops.neuralops.gqa_expand(hidden_states, no_v, kv_heads, kv_heads * n_rep)
     return out

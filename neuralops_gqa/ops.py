@@ -429,11 +429,13 @@ def _setup_context(ctx: _Ctx, inputs: tuple[Tensor, Tensor, int, int], output: t
 
 def _pair_or_empty(grad_a: Tensor | None, grad_b: Tensor | None) -> tuple[Tensor, Tensor]:
     """Stand in a zero-width slice for a missing gradient: it passes the checks and costs nothing."""
+    # new_empty, not a slice: slicing a DTensor sharded on the last dim (Shard(3)) to zero
+    # width gathers it from every rank first.
     if grad_a is None:
         assert grad_b is not None
-        grad_a = grad_b[..., :0]
+        grad_a = grad_b.new_empty((*grad_b.shape[:3], 0))
     if grad_b is None:
-        grad_b = grad_a[..., :0]
+        grad_b = grad_a.new_empty((*grad_a.shape[:3], 0))
     return grad_a, grad_b
 
 
