@@ -478,7 +478,7 @@ def _refuse_jagged(cls: type, op: object, types: object, args: tuple[object, ...
 
 # Jagged nested tensors would otherwise raise PyTorch's bare NotImplementedError.
 _jagged = private_internals.jagged_tensor_class()
-if _jagged is not None:
+if _jagged is not None and hasattr(torch.library, "register_torch_dispatch"):
     for _name, _op, _ in _OPS:
         torch.library.register_torch_dispatch(
             f"neuralops::{_name}", _jagged, _refuse_jagged, lib=_kernels_lib
