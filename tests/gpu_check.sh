@@ -17,10 +17,22 @@ for stage in "$@"; do
     start=$(date +%s)
     case "$stage" in
     suite)
-        # The gloo DTensor cases run Triton's interpreter on CPU ranks, which triton 3.6 can't
-        # do on local shards (docs/usage/limitations.md); NCCL on one rank runs here.
-        python -m pytest -q -p no:cacheprovider -k "not gloo" >"$out/suite.log" 2>&1 || status=1
-        tail -3 "$out/suite.log"
+        # One pytest per test file, eight at a time (most of the time is compilation, on the
+        # CPU); each file's log under OUT/suite/. The gloo DTensor cases run Triton's
+        # interpreter on CPU ranks, which triton 3.6 can't do on local shards
+        # (docs/usage/limitations.md); NCCL on one rank runs here.
+        mkdir -p "$out/suite"
+        # shellcheck disable=SC2016
+        # SUITE_FILES (space-separated paths) picks the files, all by default; SUITE_TIMEOUT
+        # (seconds) bounds each file.
+        # shellcheck disable=SC2086
+        ls ${SUITE_FILES:-tests/test_*.py} | xargs -P 8 -I{} sh -c \
+            'timeout ${SUITE_TIMEOUT:-3600} python -m pytest -q -rfE --tb=short --durations=3 -p no:cacheprovider -k "not gloo" "$1" >"$2/$(basename "$1" .py).log" 2>&1' \
+            _ {} "$out/suite" || status=1
+        for log in "$out"/suite/*.log; do
+            printf '%-28s %s\n' "$(basename "$log" .log)" "$(tail -n 1 "$log")"
+        done
+        grep -h "^FAILED\|^ERROR" "$out"/suite/*.log
         ;;
     sanitizer)
         bash tests/compute_sanitizer.sh "$out/sanitizer" >"$out/sanitizer.txt" 2>&1 || status=1

@@ -142,6 +142,10 @@ def test_traced_launch_matches_eager(device: str, monkeypatch: pytest.MonkeyPatc
     """The launch a compiler sees (``wrap_triton``), run eagerly: the same bits as the eager path."""
     if device == "cpu":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
+        try:
+            torch.library.wrap_triton(gqa_triton.expand_fwd_kernel)
+        except RuntimeError as error:  # torch 2.11 wraps compiled kernels only
+            pytest.skip(f"this torch's wrap_triton refuses the interpreter's kernels: {error}")
     k = make_tensor((2, 2, 9, 16), torch.bool, "bnhd", device, seed=4)
     v = make_tensor((2, 2, 9, 8), torch.float16, "step", device, seed=5)
     for traced in (False, True):

@@ -76,7 +76,7 @@ def test_a_moved_internal_warns_once_and_degrades() -> None:
     assert len([w for w in caught if "autograd fast path" in str(w.message)]) == 1, caught
     """
     )
-    result = _run(code)
+    result = _run(code, **{private_internals.ENV: "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "autograd fast path is unavailable" in result.stdout
 
