@@ -141,6 +141,7 @@ BLOCKS: dict[str, Callable[[list[str], dict[str, tuple[Report, Path]], Path], st
     # In-sentence figures for the usage pages and the introductions.
     "eager-host": _one_gpu(lambda r, _p, _g: bench_report.eager_host_sentence(r)),
     "compiled-host": _one_gpu(lambda r, _p, _g: bench_report.compiled_host_sentence(r)),
+    "compiled-choice": _one_gpu(lambda r, _p, _g: bench_report.compiled_choice(r)),
     "eager-peer-range": _one_gpu(lambda r, _p, _g: bench_report.eager_peer_range(r)),
     "copy-ceiling": _one_gpu(lambda r, _p, _g: f"{r['ceiling_gbs']:.0f} GB/s"),
     # docs/benchmarks.md: the end-to-end training step and the launch-settings variants,

@@ -38,6 +38,7 @@ the reference. Case and surrounding blanks don't matter; any other value is a ``
 from every call, eager, traced or on meta tensors.
 """
 _BACKENDS = ("auto", "triton", "torch")
+
 _REDUCE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -132,7 +133,10 @@ def _require(cond: bool, message: str, error: type[Exception] = ValueError) -> N
     ``torch.compile`` can trace it; the fast path of ``check_inputs`` keeps this formatting
     off an eager call's hot path.
     """
-    if error is ValueError:
+    if isinstance(cond, bool):  # settled now: a plain raise (older dynamo can't trace the closure)
+        if not cond:
+            raise error(message)
+    elif error is ValueError:
         torch._check_value(cond, lambda: message)
     else:
         torch._check(cond, lambda: message)
@@ -202,12 +206,9 @@ def _use_triton(x: Tensor) -> bool:
 
 
 def _refuse_tangents(op: str, a: Tensor, b: Tensor) -> None:
-    """Forward-mode AD without the private fast path: an error, never zero tangents."""
-    # Level 0: PyTorch's one forward-AD level (a traced jvp enters it without forward_ad knowing).
-    if (
-        forward_ad.unpack_dual(a, level=0).tangent is not None
-        or forward_ad.unpack_dual(b, level=0).tangent is not None
-    ):
+    """Forward-mode AD without the private fast path: ``torch.autograd.forward_ad`` dual
+    tensors get an error, not zero tangents (outside a ``dual_level`` this reads nothing)."""
+    if forward_ad.unpack_dual(a).tangent is not None or forward_ad.unpack_dual(b).tangent is not None:
         raise RuntimeError(
             f"{op}: forward-mode AD (torch.func.jvp, jacfwd, torch.autograd.forward_ad) through this op "
             f"needs the op's own autograd kernel, which {private_internals.ENV}=0 turns off"
@@ -234,10 +235,20 @@ def _reduce_impl(grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: i
     return reduce_reference(grad_k, num_kv_heads), reduce_reference(grad_v, num_kv_heads)
 
 
-# What a compiler sees when it takes the op apart (see the op definitions below): on CUDA
-# with the Triton backend, the kernel launches through ``wrap_triton``, which Inductor
-# generates code for; everywhere else the reference, in ATen ops Inductor lowers itself.
-# The Triton interpreter stays out of compiled code: it can't run on fake tensors.
+# What a compiler sees when it takes the op apart (see the op definitions below). The
+# expansion: the reference's broadcasting copy in ATen ops, which Inductor fuses with the
+# copy's neighbours (a scale, a cast, attention's prologue) into one kernel; our kernel
+# can't be fused, and alone it only ties Inductor's copy (docs/design.md has the figures).
+# The reduction on CUDA with the Triton backend: our kernel, launched through
+# ``wrap_triton``, which Inductor generates code for; elsewhere the reference, in ATen ops
+# Inductor lowers itself. The Triton interpreter stays out of compiled code: it can't run
+# on fake tensors.
+#
+# True gives compiled graphs our expansion kernel instead: how the benchmark measures the
+# choice. Inductor's caches don't key on it: compile with them off (bench.compiled_form).
+_compiled_expand_kernel = False
+
+
 def _expand_in_aten(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
     n_rep = num_heads // num_kv_heads
     return expand_reference(k, n_rep), expand_reference(v, n_rep)
@@ -251,7 +262,7 @@ def _reduce_in_aten(
 
 def _expand_traceable(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
     check_inputs("gqa_expand", ("k", "v"), k, v, num_kv_heads, num_heads)
-    if k.is_cuda and _use_triton(k):
+    if _compiled_expand_kernel and k.is_cuda and _use_triton(k):
         return _triton_kernels().expand_forward(k, v, num_heads // num_kv_heads, traced=True)
     return _expand_in_aten(k, v, num_kv_heads, num_heads)
 
@@ -380,8 +391,6 @@ def aten_decompositions() -> dict[torch._ops.OperatorBase, Callable[..., tuple[T
 @gqa_expand.register_fake  # type: ignore[untyped-decorator]  # triton_op is typed as a plain Callable
 def _gqa_expand_fake(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
     check_inputs("gqa_expand", ("k", "v"), k, v, num_kv_heads, num_heads)
-    if not private_internals.ENABLED:
-        _refuse_tangents("gqa_expand", k, v)
     batch, _, seq, _ = k.shape
     return k.new_empty((batch, num_heads, seq, k.shape[3])), v.new_empty((batch, num_heads, seq, v.shape[3]))
 
@@ -391,8 +400,6 @@ def _gqa_reduce_fake(
     grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: int
 ) -> tuple[Tensor, Tensor]:
     check_inputs("gqa_reduce", ("grad_k", "grad_v"), grad_k, grad_v, num_kv_heads, num_heads)
-    if not private_internals.ENABLED:
-        _refuse_tangents("gqa_reduce", grad_k, grad_v)
     batch, _, seq, _ = grad_k.shape
     return (
         grad_k.new_empty((batch, num_kv_heads, seq, grad_k.shape[3])),

@@ -195,7 +195,9 @@ def test_compiled_part_counts_and_records_every_case() -> None:
         ("llama3-8b", "expand"),
         ("llama3-8b", "expand_scale"),
     ]
-    assert all(set(r["median_ms"]) == {"neuralops", "compiled_hf"} for r in section["gpu"])
+    assert all(
+        set(r["median_ms"]) == {"neuralops", "neuralops_kernel", "compiled_hf"} for r in section["gpu"]
+    )
     steps = bench.plan_steps(plan, {})
     total = sum(s.units for s in steps)
     assert f" {total}/{total} " in stream.getvalue()
@@ -217,8 +219,19 @@ def _h200() -> dict[str, Any]:
     return report
 
 
+def _old_schema() -> dict[str, Any]:
+    """The committed run as the first schema wrote it: no compiled section, fewer shapes."""
+    report = _h200()
+    for key in ("schema", "parts", "command", "compiled", "elapsed_s", "host_shape"):
+        report.pop(key, None)
+    added = {"phi3-medium", "head-dim-64", "head-dim-80", "head-dim-96", "decode-batch", "qwen2-7b-bnhd"}
+    report["results"] = [r for r in report["results"] if r["shape"]["name"] not in added]
+    report["compiled_overhead_us"] = {"neuralops_default": 122.6, "hf_default": 111.5}
+    return report
+
+
 def test_old_schema_says_what_is_missing() -> None:
-    text = bench_report.results_markdown(_h200())
+    text = bench_report.results_markdown(_old_schema())
     assert "Not in this run (its JSON predates them): the shapes `phi3-medium`" in text
     assert "| `default` | 122.6 | 111.5 |" in text
 
@@ -253,22 +266,37 @@ def test_new_schema_renders_compiled_section() -> None:
     text = bench_report.results_markdown(report)
     assert "predates" not in text
     assert "| expansion, then `* 0.5` | `reduce-overhead` | 50.0 | 40.0 | 0.80x |" in text
+    pct = bench_report.floor1(100 * gpu[0]["bytes"] / 0.1 / 1e6 / report["ceiling_gbs"])
     assert (
-        "| llama3-8b | expansion, then `* 0.5` | `default` | 320 | 0.1000 | 79.5 | 0.0800 | 0.80x |" in text
+        f"| llama3-8b | expansion, then `* 0.5` | `default` | 320 | 0.1000 | {pct} | 0.0800 | 0.80x | - |"
+        in text
     )
     summary = bench_report.readme_paragraph(report, "docs/benchmarks.md")
-    assert "behind compiled `repeat_kv` in 3 of 5 cases (slowest: 0.80x" in summary
+    assert (
+        "in GPU time 0.80x-0.80x (1 cases); in the wall clock of host-bound calls 0.80x-1.20x (4 cases)"
+        in summary
+    )
     # The README states the true minimum, truncated, never rounded up to a target.
-    assert "backward 89.7-99.2%" in summary
+    backward = [
+        r["pct_of_ceiling"]["neuralops"]
+        for r in report["results"]
+        if r["dtype"] == "bfloat16"
+        and r["direction"] == "backward"
+        and r["bytes"] >= bench_report.LARGE_BYTES
+    ]
+    assert f"backward {bench_report.floor1(min(backward))}-" in summary
 
 
 def test_generated_blocks(tmp_path: Path) -> None:
     reports = {"h200": (_h200(), ROOT / "docs" / "benchmarks" / "h200.json")}
     page = tmp_path / "docs" / "usage" / "eager.md"
     inline = "took <!-- generated: eager-host h200 -->old<!-- end generated -->.\n"
-    assert "31.3 us against 40.0 us" in bench_docs.render_page(inline, reports, page)
+    host = reports["h200"][0]["host_overhead_us"]
+    expected = f"{host['neuralops']:.1f} us against {host['hf_eager']:.1f} us"
+    assert expected in bench_docs.render_page(inline, reports, page)
     block = "<!-- generated: design-results h200 -->\nold\n<!-- end generated -->\n"
-    assert "backward 89.7-99.2% (94.0%)" in bench_docs.render_page(block, reports, page)
+    rendered = bench_docs.render_page(block, reports, page)
+    assert "old" not in rendered and "% of the ceiling (geometric mean " in rendered
     with pytest.raises(bench_docs.RenderError, match=r"no docs/benchmarks/h100\.json"):
         bench_docs.render_page("<!-- generated: eager-host h100 --><!-- end generated -->", reports, page)
     with pytest.raises(bench_docs.RenderError, match="unknown block 'nope'"):

@@ -16,6 +16,7 @@ from torch.library import opcheck
 
 import neuralops_gqa
 from helpers import Expand, GQAttention, make_tensor, op_expand
+from neuralops_gqa.bench import compiled_form
 
 pytestmark = pytest.mark.slow
 
@@ -193,11 +194,13 @@ def _aoti_package(device: str, tmp_path: Path) -> tuple[torch.nn.Module, Path]:
     return block, Path(path)
 
 
-def test_aoti_package_holds_the_op(device: str, tmp_path: Path) -> None:
-    """AOTInductor compiles the op into the package: our Triton kernels on CUDA (their
-    names in the package), the reference lowered to C++ on the CPU; nothing calls back
-    into ``torch.ops.neuralops``."""
-    _, path = _aoti_package(device, tmp_path)
+@pytest.mark.parametrize("form", ["neuralops", "neuralops_kernel"], ids=["aten", "kernel"])
+def test_aoti_package_holds_the_op(device: str, form: str, tmp_path: Path) -> None:
+    """AOTInductor compiles the op into the package: on CUDA Inductor's fused copy or, as the
+    benchmark can ask, our Triton kernel (its name in the package); the reference lowered
+    to C++ on the CPU; nothing calls back into ``torch.ops.neuralops``."""
+    with compiled_form(form):
+        _, path = _aoti_package(device, tmp_path)
     with zipfile.ZipFile(path) as package:
         names = package.namelist()
         text = "\n".join(
@@ -208,7 +211,7 @@ def test_aoti_package_holds_the_op(device: str, tmp_path: Path) -> None:
     everything = text + "\n".join(names)
     assert "neuralops::gqa_expand" not in everything and "neuralops.gqa_expand" not in everything
     if device == "cuda":
-        assert "expand_fwd_kernel" in everything, names
+        assert ("expand_fwd_kernel" in everything) == (form == "neuralops_kernel"), names
 
 
 @pytest.mark.xfail(
@@ -223,10 +226,12 @@ def test_aoti_package_fresh_process(device: str, tmp_path: Path) -> None:
     _run_saved("aoti", path, block, device)
 
 
-def test_inductor_launches_the_kernels(device: str) -> None:
-    """Inside torch.compile the op is taken apart: Inductor launches our Triton kernels from
-    its generated code on CUDA (forward and backward) and lowers the reference on the CPU;
-    the generated code never calls back into ``torch.ops.neuralops``."""
+@pytest.mark.parametrize("form", ["neuralops", "neuralops_kernel"], ids=["aten", "kernel"])
+def test_inductor_launches_the_kernels(device: str, form: str) -> None:
+    """Inside torch.compile the op is taken apart: on CUDA Inductor launches our reduction
+    kernel from its generated code, and fuses the expansion's ATen form (or launches our
+    expansion kernel, as the benchmark can ask); on the CPU it lowers the reference. The
+    generated code never calls back into ``torch.ops.neuralops``."""
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
@@ -238,12 +243,15 @@ def test_inductor_launches_the_kernels(device: str) -> None:
         (ko.square().sum() + vo.sum()).backward()
         return ko
 
-    out, codes = run_and_get_code(torch.compile(step), k, v)
+    with compiled_form(form):
+        out, codes = run_and_get_code(torch.compile(step), k, v)
     code = "\n".join(codes)
     assert "torch.ops.neuralops" not in code
     if device == "cuda":
-        assert "expand_fwd_kernel" in code and "reduce_bwd_kernel" in code
+        assert "reduce_bwd_kernel" in code
+        assert ("expand_fwd_kernel" in code) == (form == "neuralops_kernel")
     torch.testing.assert_close(out, k.detach().repeat_interleave(4, 1))
+    torch.testing.assert_close(k.grad, 2 * k.detach().repeat_interleave(4, 1).unflatten(1, (2, 4)).sum(2))
 
 
 def test_mark_dynamic_compiles_once(backend: str, device: str) -> None:
