@@ -115,9 +115,10 @@ def _readme_all(args: list[str], reports: dict[str, tuple[Report, Path]], page: 
 def _raw_json(args: list[str], page: Path) -> Any:
     if len(args) != 1:
         raise RenderError("needs one file name from docs/benchmarks/ (without .json)")
-    path = page.parent / "benchmarks" / f"{args[0]}.json" if page.parent.name == "docs" else None
+    docs = next((folder for folder in page.parents if folder.name == "docs"), None)
+    path = docs / "benchmarks" / f"{args[0]}.json" if docs is not None else None
     if path is None or not path.exists():
-        raise RenderError(f"no docs/benchmarks/{args[0]}.json next to this page")
+        raise RenderError(f"no docs/benchmarks/{args[0]}.json for this page")
     return json.loads(path.read_text())
 
 
@@ -127,6 +128,19 @@ def _e2e(args: list[str], reports: dict[str, tuple[Report, Path]], page: Path) -
 
 def _variants(args: list[str], reports: dict[str, tuple[Report, Path]], page: Path) -> str:
     return bench_report.variants_markdown(_raw_json(args, page))
+
+
+def _private_switch(args: list[str], reports: dict[str, tuple[Report, Path]], page: Path) -> str:
+    """Host cost of an eager call with the private fast paths on and off (two raw runs)."""
+    if len(args) != 2:
+        raise RenderError("needs two file names from docs/benchmarks/: the run with the switch on, then off")
+    on, off = (_raw_json([name], page)["host_overhead_us"] for name in args)
+    return (
+        f"an eager call of the small shape (both tensors) took {on['neuralops']:.1f} us with the private "
+        f"fast paths and {off['neuralops']:.1f} us without (Hugging Face's `repeat_kv`: "
+        f"{on['hf_eager']:.1f} and {off['hf_eager']:.1f} us in the same runs); our launcher alone "
+        f"{on['launcher_only']:.1f} against {off['launcher_only']:.1f} us"
+    )
 
 
 BLOCKS: dict[str, Callable[[list[str], dict[str, tuple[Report, Path]], Path], str]] = {
@@ -149,6 +163,8 @@ BLOCKS: dict[str, Callable[[list[str], dict[str, tuple[Report, Path]], Path], st
     # and the hint runs).
     "e2e": _e2e,
     "variants": _variants,
+    # docs/usage/limitations.md: what NEURALOPS_GQA_PRIVATE_INTERNALS=0 costs.
+    "private-switch": _private_switch,
 }
 
 

@@ -297,6 +297,16 @@ def test_generated_blocks(tmp_path: Path) -> None:
     block = "<!-- generated: design-results h200 -->\nold\n<!-- end generated -->\n"
     rendered = bench_docs.render_page(block, reports, page)
     assert "old" not in rendered and "% of the ceiling (geometric mean " in rendered
+    switch = "<!-- generated: private-switch h200-private-on h200-private-off -->old<!-- end generated -->"
+    on, off = (
+        json.loads((ROOT / "docs" / "benchmarks" / f"h200-private-{s}.json").read_text())["host_overhead_us"]
+        for s in ("on", "off")
+    )
+    rendered = bench_docs.render_page(switch, reports, ROOT / "docs" / "usage" / "limitations.md")
+    assert (
+        f"{on['neuralops']:.1f} us with the private fast paths and {off['neuralops']:.1f} us without"
+        in rendered
+    )
     with pytest.raises(bench_docs.RenderError, match=r"no docs/benchmarks/h100\.json"):
         bench_docs.render_page("<!-- generated: eager-host h100 --><!-- end generated -->", reports, page)
     with pytest.raises(bench_docs.RenderError, match="unknown block 'nope'"):
