@@ -85,7 +85,8 @@ REP_MAJOR_MAX_REPS = 16
 # larger plane is evicted before the next rep re-reads it. On the H200 (60 MiB L2, so
 # 4 MiB): long context, 8 MiB planes, 87.7% of the copy ceiling output-ordered against
 # 91.0% tile-ordered; Llama-3-70B, 2 MiB: 97.0% against 89.8%; Llama-3-70B in float32,
-# 4 MiB: 98.3% output-ordered, 91.8% tile-ordered (a fraction of 16 put it there).
+# 4 MiB, output-ordered in docs/benchmarks/h200.json, tile-ordered (a fraction of 16) in
+# docs/benchmarks/h200-l2-sixteenth.json.
 REP_MAJOR_L2_FRACTION = 15
 
 

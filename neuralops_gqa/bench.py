@@ -245,11 +245,11 @@ def compiled_form(provider: str) -> Iterator[None]:
         torch._inductor.config.patch(fx_graph_cache=False),
         torch._functorch.config.patch(enable_autograd_cache=False),
     ):
-        ops._compiled_expand_kernel = True
+        saved, ops._compiled_expand_kernel = ops._compiled_expand_kernel, True
         try:
             yield
         finally:
-            ops._compiled_expand_kernel = False
+            ops._compiled_expand_kernel = saved
 
 
 _RECOMPILE_LIMITS = (

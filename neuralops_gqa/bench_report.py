@@ -672,10 +672,13 @@ def _compiled_clause(report: Report) -> str:
             (gpu if r.get("timing") == "graph_replay" else host).append(ratio)
     parts = []
     if gpu:
-        parts.append(f"in GPU time {floor_x(min(gpu))}-{floor_x(max(gpu))} ({len(gpu)} cases)")
+        parts.append(
+            f"in GPU time {floor_x(min(gpu))}-{floor_x(max(gpu))} ({len(gpu)} case{'s' * (len(gpu) != 1)})"
+        )
     if host:
         parts.append(
-            f"in the wall clock of host-bound calls {floor_x(min(host))}-{floor_x(max(host))} ({len(host)} cases)"
+            f"in wall-clock timings (the small shape, `reduce-overhead` loops) {floor_x(min(host))}-"
+            f"{floor_x(max(host))} ({len(host)} cases; the same generated kernels, so the spread is run-to-run noise)"
         )
     if not parts:
         return ""

@@ -133,7 +133,9 @@ def _require(cond: bool, message: str, error: type[Exception] = ValueError) -> N
     ``torch.compile`` can trace it; the fast path of ``check_inputs`` keeps this formatting
     off an eager call's hot path.
     """
-    if isinstance(cond, bool):  # settled now: a plain raise (older dynamo can't trace the closure)
+    if not isinstance(
+        cond, torch.SymBool
+    ):  # settled: a plain raise (torch 2.11's dynamo can't trace the closure)
         if not cond:
             raise error(message)
     elif error is ValueError:

@@ -273,7 +273,7 @@ def test_new_schema_renders_compiled_section() -> None:
     )
     summary = bench_report.readme_paragraph(report, "docs/benchmarks.md")
     assert (
-        "in GPU time 0.80x-0.80x (1 cases); in the wall clock of host-bound calls 0.80x-1.20x (4 cases)"
+        "in GPU time 0.80x-0.80x (1 case); in wall-clock timings (the small shape, `reduce-overhead` loops) 0.80x-1.20x (4 cases"
         in summary
     )
     # The README states the true minimum, truncated, never rounded up to a target.

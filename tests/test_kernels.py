@@ -145,6 +145,8 @@ def test_traced_launch_matches_eager(device: str, monkeypatch: pytest.MonkeyPatc
         try:
             torch.library.wrap_triton(gqa_triton.expand_fwd_kernel)
         except RuntimeError as error:  # torch 2.11 wraps compiled kernels only
+            if "only works on functions annotated with triton.jit" not in str(error):
+                raise
             pytest.skip(f"this torch's wrap_triton refuses the interpreter's kernels: {error}")
     k = make_tensor((2, 2, 9, 16), torch.bool, "bnhd", device, seed=4)
     v = make_tensor((2, 2, 9, 8), torch.float16, "step", device, seed=5)
