@@ -287,6 +287,35 @@ def test_new_schema_renders_compiled_section() -> None:
     assert f"backward {bench_report.floor1(min(backward))}-" in summary
 
 
+def test_compiled_choice_compares_our_kernel_with_the_aten_form() -> None:
+    report = copy.deepcopy(_h200())
+    shape = report["results"][0]["shape"]
+    report["compiled"] = {
+        "dtype": "bfloat16",
+        "modes": ["default"],
+        "host_us": None,
+        "gpu": [
+            {
+                "shape": shape,
+                "workload": workload,
+                "mode": "default",
+                "bytes": report["results"][0]["bytes"],
+                "timing": "graph_replay",
+                "median_ms": {"neuralops": 0.1, "neuralops_kernel": kernel, "compiled_hf": 0.1},
+            }
+            for workload, kernel in (("expand", 0.08), ("expand_scale", 0.25))
+        ],
+    }
+    sentence = bench_report.compiled_choice(report)
+    assert f"expansion: {shape['name']} 1.25x; expansion, then `* 0.5`: {shape['name']} 0.40x" in sentence
+    table = bench_report.compiled_section(report)
+    assert (
+        "| 0.1000 (1.25x) |" not in table and "| 0.0800 (1.25x) |" in table and "| 0.2500 (0.40x) |" in table
+    )
+    del report["compiled"]
+    assert bench_report.compiled_choice(report) == "not measured in the committed run"
+
+
 def test_generated_blocks(tmp_path: Path) -> None:
     reports = {"h200": (_h200(), ROOT / "docs" / "benchmarks" / "h200.json")}
     page = tmp_path / "docs" / "usage" / "eager.md"
