@@ -22,10 +22,9 @@ for stage in "$@"; do
         # interpreter on CPU ranks, which triton 3.6 can't do on local shards
         # (docs/usage/limitations.md); NCCL on one rank runs here.
         mkdir -p "$out/suite"
-        # shellcheck disable=SC2016
         # SUITE_FILES (space-separated paths) picks the files, all by default; SUITE_TIMEOUT
         # (seconds) bounds each file.
-        # shellcheck disable=SC2086
+        # shellcheck disable=SC2016,SC2086
         ls ${SUITE_FILES:-tests/test_*.py} | xargs -P 8 -I{} sh -c \
             'timeout ${SUITE_TIMEOUT:-3600} python -m pytest -q -rfE --tb=short --durations=3 -p no:cacheprovider -k "not gloo" "$1" >"$2/$(basename "$1" .py).log" 2>&1' \
             _ {} "$out/suite" || status=1

@@ -108,16 +108,13 @@ def test_every_shape_name_resolves_on_cpu() -> None:
         assert small.minimal_bytes(4) <= bench.CPU_MAX_MB * 2**20
 
 
+# The shapes the second schema added.
+ADDED_SHAPES = {"phi3-medium", "head-dim-64", "head-dim-80", "head-dim-96", "decode-batch", "qwen2-7b-bnhd"}
+
+
 def test_added_shapes() -> None:
     names = {s.name for s in bench.SHAPES}
-    assert {
-        "phi3-medium",
-        "head-dim-64",
-        "head-dim-80",
-        "head-dim-96",
-        "decode-batch",
-        "qwen2-7b-bnhd",
-    } <= names
+    assert ADDED_SHAPES <= names
     assert set(bench_report.SCHEMA2_SHAPES) == names
 
 
@@ -224,8 +221,7 @@ def _old_schema() -> dict[str, Any]:
     report = _h200()
     for key in ("schema", "parts", "command", "compiled", "elapsed_s", "host_shape"):
         report.pop(key, None)
-    added = {"phi3-medium", "head-dim-64", "head-dim-80", "head-dim-96", "decode-batch", "qwen2-7b-bnhd"}
-    report["results"] = [r for r in report["results"] if r["shape"]["name"] not in added]
+    report["results"] = [r for r in report["results"] if r["shape"]["name"] not in ADDED_SHAPES]
     report["compiled_overhead_us"] = {"neuralops_default": 122.6, "hf_default": 111.5}
     return report
 

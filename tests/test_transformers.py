@@ -50,25 +50,28 @@ def _registered() -> None:
     neuralops_transformers.register()
 
 
+# No downloads: small enough that the Triton interpreter runs a step in about a second.
+_TINY = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    pad_token_id=0,
+)
+
+
 def _config(family: str) -> transformers.PretrainedConfig:
-    """No downloads: small enough that the Triton interpreter runs a step in about a second."""
-    common = dict(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=0,
-    )
+    """A tiny Llama-family model (``_TINY``)."""
     if family == "llama":
-        return transformers.LlamaConfig(**common)
+        return transformers.LlamaConfig(**_TINY)
     if family == "mistral":  # a window shorter than the sequence: the mask is not just causal
-        return transformers.MistralConfig(**common, sliding_window=4)
+        return transformers.MistralConfig(**_TINY, sliding_window=4)
     if family == "qwen2":  # layer 0 full attention, layer 1 a sliding window
         return transformers.Qwen2Config(
-            **common, use_sliding_window=True, sliding_window=4, max_window_layers=1
+            **_TINY, use_sliding_window=True, sliding_window=4, max_window_layers=1
         )
     raise ValueError(family)
 
@@ -220,18 +223,7 @@ def _qkv_mask(device: str) -> tuple[torch.Tensor, ...]:
 
 def _other_config(family: str) -> transformers.PretrainedConfig:
     """Families whose eager attention is not the Llama family's, as tiny as ``_config``'s."""
-    common = dict(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
+    common = {**_TINY, "bos_token_id": 1, "eos_token_id": 2}
     if family == "gemma2":  # soft-capped logits, a sliding-window layer
         return transformers.Gemma2Config(**common, head_dim=16, attn_logit_softcapping=5.0, sliding_window=4)
     if family == "gpt_oss":  # attention sinks in the softmax; a mixture of 2 experts
