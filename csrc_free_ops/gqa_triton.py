@@ -37,7 +37,7 @@ import triton.language as tl
 from torch import Tensor
 
 from csrc_free_ops import launch_settings, private_internals
-from csrc_free_ops.launch_settings import Device, Tiling, expand_tiling, reduce_tiling, rep_split
+from csrc_free_ops.launch_settings import DEFAULT, Device, LaunchSettings, Tiling
 
 _INT32_LIMIT = 2**31 - 1
 
@@ -181,6 +181,24 @@ def _load_grad(ptr, mask, HINTS: tl.constexpr):  # type: ignore[no-untyped-def]
 
 
 @triton.jit  # type: ignore[untyped-decorator]
+def _to_output(acc, dtype: tl.constexpr):  # type: ignore[no-untyped-def]
+    """``acc`` (float32/float64) in ``dtype``, rounded to nearest even.
+
+    bfloat16 is rounded here in integer arithmetic: Triton's interpreter (NumPy has no
+    bfloat16) truncates a float32 -> bfloat16 conversion, whatever the rounding asked for,
+    so CI's interpreted runs would differ from the GPU by one step on a third of the
+    elements. NaN becomes the quiet NaN PyTorch's own conversion gives (0x7FC0).
+    """
+    if dtype == tl.bfloat16:
+        bits = acc.to(tl.uint32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
+        return tl.where(is_nan, 0x7FC0, rounded).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return acc.to(dtype)
+
+
+@triton.jit  # type: ignore[untyped-decorator]
 def _reduce_tile(  # type: ignore[no-untyped-def]
     src,
     dst,
@@ -230,7 +248,7 @@ def _reduce_tile(  # type: ignore[no-untyped-def]
     for u in tl.static_range(N_REP % UNROLL):
         acc += _load_grad(group + (N_REP - N_REP % UNROLL + u) * s_h, mask, HINTS).to(acc.dtype)
     dst_offs = bh * (rows * cols) + offs_r[:, None] * cols + offs_c[None, :]
-    tl.store(dst + dst_offs, acc.to(dst.dtype.element_ty), mask=mask)
+    tl.store(dst + dst_offs, _to_output(acc, dst.dtype.element_ty), mask=mask)
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -403,6 +421,7 @@ def _expand_plan_any(
     v_itemsize: int,
     n_rep: int,
     device: Device,
+    settings: LaunchSettings = DEFAULT,
     sizes_known: bool | None = None,
 ) -> Plan | None:
     """Grid, scalar arguments and meta-parameters of one expansion; ``None``: nothing to copy.
@@ -413,21 +432,20 @@ def _expand_plan_any(
     known = _is_concrete(*k_shape, *v_shape) if sizes_known is None else sizes_known
     kv_heads = k_shape[1]
     args: list[int] = [n_rep, kv_heads]
-    meta: dict[str, object] = {"HINTS": launch_settings.cache_hints(n_rep)}
-    tiling = functools.partial(expand_tiling, device=device, sizes_known=known)
+    meta: dict[str, object] = {"HINTS": settings.cache_hints(n_rep)}
+    tiling = functools.partial(settings.expand_tiling, device=device, sizes_known=known)
     programs = _plan_parts((k_shape, v_shape), (k_stride, v_stride), (k_itemsize, v_itemsize),
                            k_shape[0] * kv_heads, kv_heads * n_rep, tiling, args, meta)  # fmt: skip
     if known and not any(programs):
         return None
-    plane_bytes = 0
+    plane_bytes = out_bytes = 0
     if known:
-        plane_bytes = max(
-            shape[2] * shape[3] * itemsize
-            for shape, itemsize, count in zip((k_shape, v_shape), (k_itemsize, v_itemsize), programs)
-            if count
-        )
-    rep_chunks, reps_per_program, meta["REP_MAJOR"] = rep_split(
-        sum(programs), n_rep, plane_bytes, device, sizes_known=known
+        live = [(shape, itemsize) for shape, itemsize, count in
+                zip((k_shape, v_shape), (k_itemsize, v_itemsize), programs) if count]  # fmt: skip
+        plane_bytes = max(shape[2] * shape[3] * itemsize for shape, itemsize in live)
+        out_bytes = sum(math.prod(shape) * n_rep * itemsize for shape, itemsize in live)
+    rep_chunks, reps_per_program, meta["REP_MAJOR"] = settings.rep_split(
+        sum(programs), n_rep, plane_bytes, device, sizes_known=known, out_bytes=out_bytes
     )
     k_programs, v_programs = (count * rep_chunks for count in programs)
     args += [rep_chunks, reps_per_program, k_programs]
@@ -451,6 +469,7 @@ def _reduce_plan_any(
     v_dtype: torch.dtype,
     n_rep: int,
     device: Device,
+    settings: LaunchSettings = DEFAULT,
     sizes_known: bool | None = None,
 ) -> Plan | None:
     """Grid, scalar arguments and meta-parameters of one reduction; ``None``: nothing to sum."""
@@ -459,12 +478,12 @@ def _reduce_plan_any(
     args: list[int] = [kv_heads]
     meta: dict[str, object] = {
         "N_REP": n_rep,
-        "UNROLL": min(n_rep, launch_settings.REDUCE_UNROLL),
+        "UNROLL": settings.reduce_unroll(n_rep),
         "K_ACC64": k_dtype in _ACC64,
         "V_ACC64": v_dtype in _ACC64,
-        "HINTS": launch_settings.cache_hints(n_rep),
+        "HINTS": settings.cache_hints(n_rep),
     }
-    tiling = functools.partial(reduce_tiling, n_rep=n_rep, device=device, sizes_known=known)
+    tiling = functools.partial(settings.reduce_tiling, n_rep=n_rep, device=device, sizes_known=known)
     programs = _plan_parts((k_shape, v_shape), (k_stride, v_stride), (k_dtype.itemsize, v_dtype.itemsize),
                            k_shape[0] * kv_heads, kv_heads, tiling, args, meta)  # fmt: skip
     if known and not any(programs):
@@ -525,10 +544,13 @@ def _alloc(x: Tensor, heads: int, traced: bool) -> tuple[Tensor, Tensor]:
     return (bits if bits.dtype == x.dtype else bits.view(x.dtype)), bits
 
 
-def expand_forward(k: Tensor, v: Tensor, n_rep: int, traced: bool = False) -> tuple[Tensor, Tensor]:
+def expand_forward(
+    k: Tensor, v: Tensor, n_rep: int, traced: bool = False, settings: LaunchSettings = DEFAULT
+) -> tuple[Tensor, Tensor]:
     """``[B, H_kv, N, D] -> [B, H_kv * n_rep, N, D]`` for k and v in one launch.
 
     ``traced``: launch through ``torch.library.wrap_triton`` (sizes may be symbolic).
+    ``settings``: the launch heuristic's constants (a sweep passes candidates).
     """
     k_shape, v_shape = k.shape, v.shape
     k_out, k_bits = _alloc(k, k_shape[1] * n_rep, traced)
@@ -542,6 +564,7 @@ def expand_forward(k: Tensor, v: Tensor, n_rep: int, traced: bool = False) -> tu
         v.element_size(),
         n_rep,
         _device_of(k),
+        settings,
     )
     plan = (
         _expand_plan(*args)
@@ -558,14 +581,14 @@ def expand_forward(k: Tensor, v: Tensor, n_rep: int, traced: bool = False) -> tu
 
 
 def reduce_backward(
-    grad_k: Tensor, grad_v: Tensor, n_rep: int, traced: bool = False
+    grad_k: Tensor, grad_v: Tensor, n_rep: int, traced: bool = False, settings: LaunchSettings = DEFAULT
 ) -> tuple[Tensor, Tensor]:
     """``[B, H, N, D] -> [B, H // n_rep, N, D]``, summing each group, both gradients in one launch."""
     k_shape, v_shape = grad_k.shape, grad_v.shape
     gk_out = grad_k.new_empty((k_shape[0], k_shape[1] // n_rep, k_shape[2], k_shape[3]))
     gv_out = grad_v.new_empty((v_shape[0], v_shape[1] // n_rep, v_shape[2], v_shape[3]))
     args = (k_shape, grad_k.stride(), grad_k.dtype, v_shape, grad_v.stride(), grad_v.dtype, n_rep,
-            _device_of(grad_k))  # fmt: skip
+            _device_of(grad_k), settings)  # fmt: skip
     plan = (
         _reduce_plan(*args)
         if not traced or _is_concrete(*k_shape, *v_shape, *args[1], *args[4])

@@ -1,7 +1,7 @@
 """Every private PyTorch and Triton internal the package uses, each behind a probe.
 
-They buy speed on an eager call's host path, nothing else; public APIs do the same work
-more slowly:
+This module knows nothing of the ops: it hands out probed primitives, and the package that
+registers the ops (``neuralops_gqa``) builds on them. What they buy:
 
 - **Triton's compiled-kernel launcher** (``CompiledKernel.run``, ``.function``,
   ``.packed_metadata``, ``JITFunction.arg_names``, ``triton.knobs.runtime`` launch hooks) and
@@ -9,22 +9,19 @@ more slowly:
   the compiled handle directly instead of ``kernel[grid](...)``, whose per-call argument
   binding is most of a small call's host time. Probed once per process by launching a tiny
   kernel through the handle and reading its result back.
-- **The op's autograd kernel** (``torch._library.autograd.make_autograd_impl``,
-  ``CustomOpDef._opoverload``, ``torch._C.DispatchKeySet``, ``torch._C._len_torch_dispatch_stack``,
-  ``torch.autograd.forward_ad._current_level``): plain CPU/CUDA tensors that need no gradient
-  skip custom_op's Python autograd wrapper, and forward-mode tangents are computed (custom
-  ops drop them otherwise). The fast path is an allow-list: only a call whose dispatch keys
-  are exactly a backend and its autograd key takes it; anything else (a key a later torch
-  adds included) goes down custom_op's own path.
+- **What an autograd kernel of the ops needs** (``AutogradInternals``): a call below the
+  autograd keys, ``torch.func``'s single-level ``autograd.Function``, the forward-AD and
+  functorch state, the dispatch keysets of plain tensors. With them the ops' own autograd
+  kernel sends plain tensors that need no gradient straight to the implementation (custom
+  ops' Python autograd wrapper is most of a small eager call), computes forward-mode
+  tangents (custom ops drop them), and works under every ``torch.func`` transform (custom
+  ops' generated ``autograd.Function`` fails under ``grad``, ``vjp``, ``jacrev``, ``hessian``).
+- **The jagged nested tensor class**, so those get a clear error.
 
 ``NEURALOPS_GQA_PRIVATE_INTERNALS=0`` (read at import) turns all of them off, leaving public
-APIs only: ``kernel[grid](...)`` launches and custom_op's own autograd. A probe that fails
-turns its own fast path off with one warning; importing never fails because an internal
-moved. With them off, forward-mode AD through the ops is not computed: a dual tensor of
-``torch.autograd.forward_ad`` is refused with an error (``neuralops_gqa.ops`` checks with the
-public ``forward_ad.unpack_dual``), but ``torch.func.jvp``/``jacfwd`` hand the ops unwrapped
-tensors that no public API can tell apart, and get PyTorch's custom-op behaviour: zero
-tangents (docs/usage/limitations.md).
+APIs only: ``kernel[grid](...)`` launches and custom_op's own autograd, with the limits
+docs/usage/limitations.md lists. A probe that fails turns its own part off with one
+warning; importing never fails because an internal moved.
 """
 
 from __future__ import annotations
@@ -32,7 +29,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -67,12 +64,7 @@ def _launch_hooks_set() -> bool:
     import triton
 
     runtime = triton.knobs.runtime
-    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
-        # Triton >= 3.4 keeps an always-present chain of hooks; older ones a callable or None.
-        calls = getattr(hook, "calls", None)
-        if bool(calls) if calls is not None else hook is not None:
-            return True
-    return False
+    return bool(runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls)
 
 
 def _handle_launcher(
@@ -142,13 +134,36 @@ def direct_launcher(
     return launch
 
 
-# --- torch: the op's autograd kernel ---------------------------------------------------
+# --- torch: what the ops' autograd kernel needs of the dispatcher and of torch.func -------
 
-Impl = Callable[[torch.Tensor, torch.Tensor, int, int], tuple[torch.Tensor, torch.Tensor]]
+
+class AutogradInternals(NamedTuple):
+    """The private pieces an autograd kernel needs that no public API offers.
+
+    - ``below_autograd``: a context in which a call skips the autograd keys (what every
+      built-in autograd kernel does before it calls the implementation).
+    - ``single_level_function``: the ``autograd.Function`` base that works inside one level
+      of ``torch.func``'s transforms, the way built-in autograd kernels do; applied inside
+      ``allow_single_level()``.
+    - ``transforms_active()``, ``fwd_grad_enabled()``, ``set_fwd_grad_enabled(mode)``,
+      ``dispatch_modes()`` (the number of active ``TorchDispatchMode``s) and
+      ``forward_ad_level()`` (the innermost ``torch.autograd.forward_ad`` level, -1 for none).
+    - ``plain_keysets``: the dispatch keysets of a plain dense CPU or CUDA tensor at its
+      autograd kernel.
+    """
+
+    below_autograd: Callable[[], Any]
+    single_level_function: type
+    allow_single_level: Callable[[], Any]
+    transforms_active: Callable[[], bool]
+    fwd_grad_enabled: Callable[[], bool]
+    set_fwd_grad_enabled: Callable[[bool], Any]
+    dispatch_modes: Callable[[], int]
+    forward_ad_level: Callable[[], int]
+    plain_keysets: frozenset[int]
 
 
 def _plain_keysets() -> frozenset[int]:
-    """Raw dispatch keysets of a plain dense CPU or CUDA tensor at its autograd kernel."""
     key, keyset = torch._C.DispatchKey, torch._C.DispatchKeySet
     return frozenset(
         (keyset(getattr(key, backend)) | keyset(getattr(key, "Autograd" + backend))).raw_repr()
@@ -156,83 +171,107 @@ def _plain_keysets() -> frozenset[int]:
     )
 
 
-def _forward_ad_level() -> int:
+def _probe_autograd() -> AutogradInternals:
+    from torch._functorch.utils import enable_single_level_autograd_function
     from torch.autograd import forward_ad
+    from torch.autograd.function import _SingleLevelFunction
 
-    level: int = forward_ad._current_level
-    return level
+    found = AutogradInternals(
+        below_autograd=torch._C._AutoDispatchBelowAutograd,
+        single_level_function=_SingleLevelFunction,
+        allow_single_level=enable_single_level_autograd_function,
+        transforms_active=torch._C._are_functorch_transforms_active,
+        fwd_grad_enabled=torch._C._is_fwd_grad_enabled,
+        set_fwd_grad_enabled=forward_ad._set_fwd_grad_enabled,
+        dispatch_modes=torch._C._len_torch_dispatch_stack,
+        forward_ad_level=lambda: forward_ad._current_level,
+        plain_keysets=_plain_keysets(),
+    )
+    # Each as it is used: outside any transform, mode or dual level, and usable as contexts.
+    if not issubclass(torch.autograd.Function, found.single_level_function):
+        raise TypeError("_SingleLevelFunction is no longer the base of autograd.Function")
+    with found.below_autograd(), found.allow_single_level(), found.set_fwd_grad_enabled(True):
+        pass
+    if (found.transforms_active(), found.dispatch_modes(), found.forward_ad_level()) != (False, 0, -1):
+        raise RuntimeError("the functorch, dispatch-mode or forward-AD state reads wrong at import")
+    if not found.fwd_grad_enabled() or len(found.plain_keysets) != 2:
+        raise RuntimeError("forward-AD mode or the dispatch keysets read wrong at import")
+    return found
 
 
-def autograd_kernel(impl: Impl, custom_op: Any) -> Callable[..., tuple[torch.Tensor, ...]] | None:
-    """The op's autograd kernel (dispatch key first), or None where the fast path is off.
+_autograd: AutogradInternals | None = None
+_autograd_probed = False
 
-    Plain tensors that need no gradient go straight to ``impl``; inputs with forward-mode
-    tangents get theirs from the op itself (both ops are linear, so the tangent of an output
-    is the op applied to the tangents); everything else goes to custom_op's own kernel,
-    built from the same registration, which redispatches through every other key.
+
+def autograd_internals() -> AutogradInternals | None:
+    """The probed ``AutogradInternals``, or None where the switch or a failed probe turns them off."""
+    global _autograd, _autograd_probed
+    if not _autograd_probed:
+        _autograd_probed = True
+        if ENABLED:
+            try:
+                _autograd = _probe_autograd()
+            except Exception as e:  # any failure means: don't use them
+                _disable("the op's own autograd kernel (eager fast path, torch.func transforms)", e)
+    return _autograd
+
+
+def symbolic_example_value(size: torch.SymInt) -> int | None:
+    """The value a symbolic size had in the example a trace started from (no guard added),
+    or None: messages then show the symbol. Not behind the switch: it only words errors."""
+    hint = getattr(getattr(size, "node", None), "hint", None)
+    return hint if isinstance(hint, int) else None
+
+
+# --- torch: what torch.library.triton_op does, without importing Inductor and Triton -------
+
+
+def compiler_decomposition(body: Callable[..., Any]) -> tuple[type, Callable[..., Any]] | None:
+    """``(FunctionalTensorMode, rule)``: a torch_dispatch rule that replaces an op by ``body``
+    when AOTDispatcher functionalizes a graph for a compiler, and keeps the op whole under
+    ``torch.export`` (the rule ``torch.library.triton_op`` registers). None where unavailable;
+    the caller then defines the op with ``triton_op`` itself, whose definition scans the body's
+    source for Triton kernels, importing Inductor and Triton (about a second per import).
     """
     if not ENABLED:
         return None
     try:
-        from torch._library.autograd import make_autograd_impl
+        from torch._subclasses.fake_tensor import FakeTensor
+        from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 
-        slow: Callable[..., tuple[torch.Tensor, ...]] = make_autograd_impl(custom_op._opoverload, custom_op)
-        plain = _plain_keysets()
-        dispatch_stack_len = torch._C._len_torch_dispatch_stack
-        if dispatch_stack_len() != 0 or _forward_ad_level() != -1:
-            raise RuntimeError("the dispatch-mode stack or the forward-AD level reads wrong at import")
+        def export_keeps_it_whole() -> bool:
+            from torch.export._trace import custom_triton_ops_decomposition_disabled
+
+            return bool(custom_triton_ops_decomposition_disabled())
+
+        if not (hasattr(FunctionalTensorMode, "__torch_dispatch__") and issubclass(FunctionalTensor, torch.Tensor)):
+            raise TypeError("FunctionalTensorMode or FunctionalTensor changed shape")
     except Exception as e:
-        _disable("the op's eager autograd fast path", e)
+        _disable("defining the ops without importing Inductor", e)
         return None
-    from torch.autograd import forward_ad
+    def rule(mode: Any, op: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if export_keeps_it_whole():
+            return mode.__torch_dispatch__(op, types, args, kwargs)
+        # Any other tensor subclass (DTensor, ...) is left to its own rule.
+        if any(t not in (torch.Tensor, FunctionalTensor) and not issubclass(t, FakeTensor) for t in types):
+            return NotImplemented
+        with mode:
+            return body(*args, **kwargs)
 
-    def with_tangents(
-        keyset: torch._C.DispatchKeySet, a: torch.Tensor, b: torch.Tensor, num_kv_heads: int, num_heads: int
-    ) -> tuple[torch.Tensor, ...] | None:
-        # Level 0 explicitly: PyTorch has one forward-AD level, and a jvp that torch.compile
-        # traces enters it without setting forward_ad's Python-side record of it.
-        try:
-            (pa, ta), (pb, tb) = forward_ad.unpack_dual(a, level=0), forward_ad.unpack_dual(b, level=0)
-        except (NotImplementedError, RuntimeError):  # sparse, quantized...: no tangents; the op refuses them
-            return None
-        if ta is None and tb is None:
-            return None
-        # The primals keep their backward history; the dual tensors would send custom_op's
-        # autograd.Function, which has no jvp, into forward-mode AD and fail.
-        out = slow(keyset, pa, pb, num_kv_heads, num_heads)
-        tangents = custom_op(
-            torch.zeros_like(pa) if ta is None else ta,
-            torch.zeros_like(pb) if tb is None else tb,
-            num_kv_heads,
-            num_heads,
-        )
-        # Only floating outputs carry tangents (an integer k beside a differentiated v).
-        return tuple(
-            forward_ad.make_dual(o, t, level=0) if o.is_floating_point() else o for o, t in zip(out, tangents)
-        )
+    return FunctionalTensorMode, rule
 
-    def kernel(
-        keyset: torch._C.DispatchKeySet,
-        a: torch.Tensor | None,
-        b: torch.Tensor | None,
-        num_kv_heads: int,
-        num_heads: int,
-    ) -> tuple[torch.Tensor, ...]:
-        if a is None or b is None:  # the schema lets None through; the implementation names it
-            return impl(a, b, num_kv_heads, num_heads)  # type: ignore[arg-type]
-        plain_keys = keyset.raw_repr() in plain
-        if forward_ad._current_level >= 0 or not plain_keys:
-            out = with_tangents(keyset, a, b, num_kv_heads, num_heads)
-            if out is not None:
-                return out
-        elif (
-            not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))
-            and dispatch_stack_len() == 0
-        ):
-            return impl(a, b, num_kv_heads, num_heads)
-        return slow(keyset, a, b, num_kv_heads, num_heads)
 
-    return kernel
+def record_triton_kernels(op_name: str, kernels: list[Any]) -> None:
+    """Tell AOTAutograd's cache which Triton kernels op ``op_name`` launches in compiled
+    graphs, so their source is part of its key (what ``triton_op`` records when it is defined)."""
+    if not ENABLED:
+        return
+    try:
+        from torch._library import triton as library_triton
+
+        library_triton.triton_ops_to_kernels[op_name] = kernels
+    except Exception as e:
+        _disable("keying AOTAutograd's cache on the kernels' source", e)
 
 
 # --- torch: a clear error for jagged nested tensors ------------------------------------

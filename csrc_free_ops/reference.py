@@ -1,14 +1,20 @@
 """PyTorch reference for the GQA head expansion and its reduction.
 
 It serves every device that has no Triton kernel (CPU, MPS, XPU, meta, ...) and is the
-oracle the tests compare the kernels against. It validates nothing: the caller
-(``neuralops_gqa.ops``) has already checked shapes, devices and dtypes.
+ATen form compilers and ``aten_decompositions()`` see. It validates nothing: the caller
+(``neuralops_gqa``) has already checked shapes, devices and dtypes.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+# Sub-byte "shell" dtypes: a tensor of them stores one element per byte, and ATen has no
+# copy kernel for them; their bytes are copied instead.
+_SHELL_DTYPES = frozenset(
+    getattr(torch, f"{kind}{bits}") for kind in ("int", "uint") for bits in range(1, 8) if hasattr(torch, f"{kind}{bits}")
+)
 
 
 def expand_reference(x: Tensor, n_rep: int) -> Tensor:
@@ -18,6 +24,8 @@ def expand_reference(x: Tensor, n_rep: int) -> Tensor:
     (a broadcast view and one copy), so it also serves as the op's decomposition for
     compilers and ATen-only backends.
     """
+    if x.dtype in _SHELL_DTYPES:
+        return expand_reference(x.view(torch.uint8), n_rep).view(x.dtype)
     batch, kv_heads, seq, dim = x.shape
     grouped = x.unsqueeze(2).expand(batch, kv_heads, n_rep, seq, dim)
     # One copy: each element of x read once, each output written once.

@@ -13,7 +13,7 @@ from neuralops_gqa.ops import aten_decompositions
 if torch.distributed.is_available():
     from neuralops_gqa import distributed
 
-    distributed.register()
+    distributed.register_on_import()
 
 __version__ = "0.1.0"
 

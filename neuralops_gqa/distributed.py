@@ -27,13 +27,18 @@ torch_dispatch rule sees the DTensors and translates the head counts.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import types
 import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from neuralops_gqa.ops import check_inputs
+from neuralops_gqa.validation import check_inputs
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -151,6 +156,39 @@ def _register_refusal(reason: str) -> None:
             register_sharding(getattr(torch.ops.neuralops, name).default)(_refuse(reason))
     except Exception:  # a hint only: DTensor's generic error is what is left
         pass
+
+
+class _RegisterOnImport(importlib.abc.MetaPathFinder):
+    """Runs ``register()`` right after ``torch.distributed.tensor`` is first imported: DTensor
+    costs about 0.4 s to import, which ``import neuralops_gqa`` shouldn't pay for a program
+    that never makes one, and no DTensor can exist before that module is imported."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if name != DTENSOR_MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_register(module: types.ModuleType) -> None:
+            exec_module(module)
+            register()
+
+        spec.loader.exec_module = exec_then_register  # type: ignore[method-assign]
+        return spec
+
+
+DTENSOR_MODULE = "torch.distributed.tensor"
+
+
+def register_on_import() -> None:
+    """``register()`` now if DTensor is already imported, else as soon as it is."""
+    if DTENSOR_MODULE in sys.modules:
+        register()
+    elif not any(isinstance(finder, _RegisterOnImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterOnImport())
 
 
 def register() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from neuralops_gqa import ops
+from neuralops_gqa.backend import backend
+from neuralops_gqa.validation import check_inputs
 
 
 def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
@@ -42,7 +43,8 @@ def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple
         (torch.Size([2, 32, 16, 64]), True)
     """
     if num_heads == num_kv_heads:
-        ops.check_inputs("gqa_expand", ("k", "v"), k, v, num_kv_heads, num_heads, concrete=True)
+        check_inputs("gqa_expand", ("k", "v"), k, v, num_kv_heads, num_heads)
+        backend()  # a bad NEURALOPS_GQA_BACKEND fails every call, this one too
         return k, v
     expanded: tuple[Tensor, Tensor] = torch.ops.neuralops.gqa_expand(k, v, num_kv_heads, num_heads)
     return expanded
@@ -54,28 +56,33 @@ def repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
     Head ``h`` of the result copies head ``h // n_rep``, like
     ``hidden_states.repeat_interleave(n_rep, dim=1)``. Only this one tensor is copied (the
     op's second input is a zero-width view). Same signature as the function in Hugging Face
-    Transformers' Llama-style models, so it can replace it in place.
+    Transformers' Llama-style models, so it can replace it in place, and the same kind of
+    result where Hugging Face's makes no copy: ``hidden_states`` itself for ``n_rep == 1``,
+    and for one KV head a broadcast view (stride 0 over the heads), which SDPA reads in
+    place and autograd reduces by its own sum; every other case is a new contiguous tensor
+    from ``torch.ops.neuralops.gqa_expand``.
 
     Args:
         hidden_states: ``[B, H_kv, N, D]``, any strides, any real dtype.
         n_rep: how many copies of each head, a positive int.
 
     Returns:
-        A new contiguous ``[B, H_kv * n_rep, N, D]`` tensor; ``hidden_states`` itself when
-        ``n_rep == 1``.
+        ``[B, H_kv * n_rep, N, D]``: a new contiguous tensor; ``hidden_states`` itself when
+        ``n_rep == 1``; a view of it when ``H_kv == 1``.
 
     Raises:
         TypeError: ``hidden_states`` is not a tensor or ``n_rep`` not an int.
         ValueError: ``n_rep`` is not positive or ``hidden_states`` is not 4-D (whatever
-            ``n_rep``, 1 included).
+            ``n_rep``, 1 included), or ``NEURALOPS_GQA_BACKEND`` is not a known backend.
 
     Example:
         >>> x = torch.randn(1, 2, 3, 4)
         >>> bool((repeat_kv(x, 3) == x.repeat_interleave(3, dim=1)).all())
         True
     """
-    # The same checks whatever n_rep, so n_rep == 1 can't pass what n_rep == 2 refuses.
-    # Messages are formatted only when a check fails: an eager call is a hot path.
+    # The same checks whatever the route, so n_rep == 1 or one KV head can't pass what
+    # another call refuses. Messages are formatted only when a check fails: an eager call
+    # is a hot path.
     if not isinstance(hidden_states, Tensor):
         raise TypeError(f"repeat_kv: hidden_states must be a Tensor, got {type(hidden_states).__name__}")
     if isinstance(n_rep, bool) or not isinstance(n_rep, (int, torch.SymInt)):
@@ -88,9 +95,10 @@ def repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
     if n_rep < 1:
         message = f"repeat_kv: n_rep must be a positive int, got {n_rep}"
         torch._check_value(False, lambda: message)
-    if n_rep == 1:
-        return hidden_states
-    batch, kv_heads, seq, _ = hidden_states.shape
+    batch, kv_heads, seq, dim = hidden_states.shape
+    if n_rep == 1 or kv_heads == 1:
+        backend()  # a bad NEURALOPS_GQA_BACKEND fails every call, these too
+        return hidden_states if n_rep == 1 else hidden_states.expand(batch, n_rep, seq, dim)
     # The op's v: a zero-width tensor, no work. new_empty, not a slice: slicing a DTensor
     # sharded on the last dim (Shard(3)) to zero width gathers it from every rank first.
     no_v = hidden_states.new_empty((batch, kv_heads, seq, 0))

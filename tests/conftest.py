@@ -17,7 +17,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import neuralops_gqa
-from neuralops_gqa.ops import BACKEND_ENV
+from neuralops_gqa import dispatch, ops
+from neuralops_gqa.backend import BACKEND_ENV
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -70,3 +71,24 @@ def pytest_report_header(config: pytest.Config) -> str:
         f"neuralops_gqa {neuralops_gqa.__version__}, torch {torch.__version__}, device {DEVICE}, "
         f"TRITON_INTERPRET={interp}"
     )
+
+
+@pytest.fixture
+def op_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, torch.Size]]:
+    """Each call of either op with its first input's shape: a real (eager) call as ``"gqa_expand"``,
+    one seen while tracing (fake tensors, or the op taken apart for a compiler) as
+    ``"traced gqa_expand"``. Both kinds run the one argument check, from two modules."""
+    calls: list[tuple[str, torch.Size]] = []
+
+    def recording(module: object, prefix: str) -> None:
+        check = module.check_inputs  # type: ignore[attr-defined]
+
+        def recording_check(op, names, a, b, *args):  # type: ignore[no-untyped-def]
+            calls.append((prefix + op, a.shape))
+            return check(op, names, a, b, *args)
+
+        monkeypatch.setattr(module, "check_inputs", recording_check)
+
+    recording(dispatch, "")
+    recording(ops, "traced ")
+    return calls

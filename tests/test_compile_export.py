@@ -16,7 +16,6 @@ from torch.library import opcheck
 
 import neuralops_gqa
 from helpers import Expand, GQAttention, make_tensor, op_expand
-from neuralops_gqa.bench import compiled_form
 
 pytestmark = pytest.mark.slow
 
@@ -194,17 +193,11 @@ def _aoti_package(device: str, tmp_path: Path) -> tuple[torch.nn.Module, Path]:
     return block, Path(path)
 
 
-@pytest.mark.parametrize("form", ["neuralops", "neuralops_kernel"], ids=["aten", "kernel"])
-def test_aoti_package_holds_the_op(device: str, form: str, tmp_path: Path) -> None:
-    """AOTInductor compiles the op into the package: on CUDA Inductor's fused copy or, as the
-    benchmark can ask, our Triton kernel (its name in the package); the reference lowered
-    to C++ on the CPU; nothing calls back into ``torch.ops.neuralops``."""
-    if form == "neuralops_kernel" and device != "cuda":
-        pytest.skip(
-            "our expansion kernel goes into compiled graphs on CUDA only; on the CPU this is the [aten] case"
-        )
-    with compiled_form(form):
-        _, path = _aoti_package(device, tmp_path)
+def test_aoti_package_holds_the_op(device: str, tmp_path: Path) -> None:
+    """AOTInductor compiles the op into the package: on CUDA Inductor's fused copy and our
+    reduction kernel, on the CPU the reference lowered to C++; nothing calls back into
+    ``torch.ops.neuralops``."""
+    _, path = _aoti_package(device, tmp_path)
     with zipfile.ZipFile(path) as package:
         names = package.namelist()
         text = "\n".join(
@@ -215,7 +208,7 @@ def test_aoti_package_holds_the_op(device: str, form: str, tmp_path: Path) -> No
     everything = text + "\n".join(names)
     assert "neuralops::gqa_expand" not in everything and "neuralops.gqa_expand" not in everything
     if device == "cuda":
-        assert ("expand_fwd_kernel" in everything) == (form == "neuralops_kernel"), names
+        assert "expand_fwd_kernel" not in everything, names  # the expansion is Inductor's own copy
 
 
 @pytest.mark.xfail(
@@ -230,18 +223,12 @@ def test_aoti_package_fresh_process(device: str, tmp_path: Path) -> None:
     _run_saved("aoti", path, block, device)
 
 
-@pytest.mark.parametrize("form", ["neuralops", "neuralops_kernel"], ids=["aten", "kernel"])
-def test_inductor_launches_the_kernels(device: str, form: str) -> None:
+def test_inductor_launches_the_kernels(device: str) -> None:
     """Inside torch.compile the op is taken apart: on CUDA Inductor launches our reduction
-    kernel from its generated code, and fuses the expansion's ATen form (or launches our
-    expansion kernel, as the benchmark can ask); on the CPU it lowers the reference. The
-    generated code never calls back into ``torch.ops.neuralops``."""
+    kernel from its generated code and fuses the expansion's ATen form; on the CPU it lowers
+    the reference. The generated code never calls back into ``torch.ops.neuralops``."""
     from torch._inductor.utils import run_and_get_code
 
-    if form == "neuralops_kernel" and device != "cuda":
-        pytest.skip(
-            "our expansion kernel goes into compiled graphs on CUDA only; on the CPU this is the [aten] case"
-        )
     torch._dynamo.reset()
     k = make_tensor((2, 2, 9, 16), torch.float32, "bnhd", device, 1).requires_grad_()
     v = make_tensor((2, 2, 9, 16), torch.float32, "contiguous", device, 2).requires_grad_()
@@ -251,13 +238,12 @@ def test_inductor_launches_the_kernels(device: str, form: str) -> None:
         (ko.square().sum() + vo.sum()).backward()
         return ko
 
-    with compiled_form(form):
-        out, codes = run_and_get_code(torch.compile(step), k, v)
+    out, codes = run_and_get_code(torch.compile(step), k, v)
     code = "\n".join(codes)
     assert "torch.ops.neuralops" not in code
     if device == "cuda":
         assert "reduce_bwd_kernel" in code
-        assert ("expand_fwd_kernel" in code) == (form == "neuralops_kernel")
+        assert "expand_fwd_kernel" not in code
     torch.testing.assert_close(out, k.detach().repeat_interleave(4, 1))
     torch.testing.assert_close(k.grad, 2 * k.detach().repeat_interleave(4, 1).unflatten(1, (2, 4)).sum(2))
 

@@ -87,14 +87,6 @@ def test_forward_mode_tangents(op: str, backend: str, device: str) -> None:
         assert torch.autograd.gradcheck(fn, (x.clone().requires_grad_(),), check_forward_ad=True)
 
 
-def test_functorch_reverse_transforms_raise(backend: str, device: str) -> None:
-    # A limitation of custom_op's autograd registration in the supported torch versions
-    # (docs/usage/limitations.md): a clear error, never a silently wrong gradient.
-    fn, x, _ = _linear_map("expand", device)
-    with pytest.raises(RuntimeError, match="setup_context"):
-        torch.func.grad(lambda x: fn(x)[0].sum())(x)
-
-
 def test_lazy_views_and_zero_tensors(backend: str, device: str) -> None:
     """Lazily negated and conjugated views and zero tensors are materialized by their own
     dispatch keys before the kernels read memory."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 import neuralops_gqa
 from csrc_free_ops import private_internals
-from neuralops_gqa.ops import BACKEND_ENV
+from neuralops_gqa.backend import BACKEND_ENV
 
 EXPAND = torch.ops.neuralops.gqa_expand
 REDUCE = torch.ops.neuralops.gqa_reduce
@@ -285,3 +286,61 @@ def test_wrapper_without_expansion_compiles_fullgraph() -> None:
     out_k, out_v = torch.compile(lambda a, b: neuralops_gqa.gqa_expand(a, b, 3, 3), fullgraph=True)(k, v)
     assert torch.equal(out_k, k) and torch.equal(out_v, v)
     assert torch.equal(torch.compile(lambda a: neuralops_gqa.repeat_kv(a, 1), fullgraph=True)(k), k)
+
+
+_SYMBOL = re.compile(r"\bs\d+\b")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fn", "args", "message"),
+    [
+        (lambda k, v: EXPAND(k, v, 4, 10), ((2, 4, 5, 4), (2, 4, 5, 3)), r"num_heads \(10\) must be a multiple of num_kv_heads \(4\)"),
+        (lambda k, v: EXPAND(k, v, k.shape[1], 10), ((2, 4, 5, 4), (2, 4, 5, 3)), r"num_heads \(10\) must be a multiple of num_kv_heads \(4\)"),
+        (lambda k, v: EXPAND(k, v, 2, 8), ((2, 4, 5, 4), (2, 4, 5, 3)), r"k.shape\[1\] \(4\) must equal num_kv_heads \(2\)"),
+        (lambda k, v: EXPAND(k, v, 4, 8), ((2, 4, 5, 4), (2, 4, 6, 3)), r"got k \(2, 4, 5, 4\) and v \(2, 4, 6, 3\)"),
+        (lambda k, v: REDUCE(k, v, 3, k.shape[1]), ((2, 8, 5, 4), (2, 8, 5, 3)), r"num_heads \(8\) must be a multiple of num_kv_heads \(3\)"),
+        (lambda k, v: EXPAND(k, v[0], 4, 8), ((2, 4, 5, 4), (2, 4, 5, 3)), r"v must be 4-D \[B, H, N, D\], got shape \(4, 5, 3\)"),
+    ],
+    ids=["multiple", "multiple-symbolic-heads", "k-heads", "seq", "reduce-multiple", "v-3d"],
+)  # fmt: skip
+def test_dynamic_compile_messages_show_the_sizes(fn: Any, args: tuple, message: str) -> None:
+    """Under torch.compile(dynamic=True) the sizes are symbols; the message shows the sizes the
+    user passed, as in eager mode, never a symbol such as ``s37``."""
+    torch._dynamo.reset()
+    k, v = (torch.ones(shape) for shape in args)
+    with pytest.raises((ValueError, RuntimeError), match=message) as info:
+        torch.compile(fn, dynamic=True, backend="aot_eager")(k, v)
+    ours = re.search(r"gqa_(expand|reduce): [^\n']*", str(info.value))
+    assert ours is not None and not _SYMBOL.search(ours.group(0)), ours
+
+
+@pytest.mark.slow
+def test_exported_program_with_dynamic_head_counts() -> None:
+    """An exported program with dynamic head counts: the op's checks become torch.export's
+    guards on the program's inputs, which run before the op (docs/semantics.md). A count the
+    divisibility guard refuses fails it with torch.export's AssertionError; zero KV heads make
+    that guard itself divide by zero, before any check of ours can run (upstream: export
+    evaluates its guards before its range checks, whatever Dim(min=...) says)."""
+
+    class Expand(torch.nn.Module):
+        def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+            return EXPAND(k, k, k.shape[1], q.shape[1])[0]  # type: ignore[no-any-return]
+
+    q, k = _t(1, 8, 3, 4), _t(1, 2, 3, 4)
+    dims = ({1: torch.export.Dim("hq", min=1)}, {1: torch.export.Dim("hk", min=1)})
+    program = torch.export.export(Expand(), (q, k), dynamic_shapes=dims).module()
+    assert program(q, _t(1, 4, 3, 4)).shape == (1, 8, 3, 4)
+    with pytest.raises(AssertionError, match=r"Guard failed: q.size\(\)\[1\] % k.size\(\)\[1\] == 0"):
+        program(q, _t(1, 3, 3, 4))
+    with pytest.raises(ZeroDivisionError):
+        program(q, _t(1, 0, 3, 4))
+
+
+def test_repeat_kv_refuses_a_bad_backend_on_every_route(monkeypatch: pytest.MonkeyPatch) -> None:
+    """n_rep == 1 and one KV head return views without calling the op; a bad
+    NEURALOPS_GQA_BACKEND still fails them, as every other call."""
+    monkeypatch.setenv(BACKEND_ENV, "cuda-please")
+    for x, n_rep in ((_t(1, 2, 3, 4), 1), (_t(1, 1, 3, 4), 4), (_t(1, 2, 3, 4), 2)):
+        with pytest.raises(ValueError, match=f"{BACKEND_ENV} must be one of"):
+            neuralops_gqa.repeat_kv(x, n_rep)

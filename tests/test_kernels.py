@@ -8,6 +8,7 @@ import torch
 from helpers import assert_bitwise_equal, expand_oracle, make_tensor
 
 gqa_triton = pytest.importorskip("csrc_free_ops.gqa_triton", reason="triton is not installed")
+from csrc_free_ops.launch_settings import DEFAULT  # noqa: E402
 from csrc_free_ops.launch_settings import REFERENCE_DEVICE as H200  # noqa: E402
 
 
@@ -96,7 +97,7 @@ def test_compiled_handle_launch_is_reused_and_exact(device: str) -> None:
         k_out, v_out = torch.ops.neuralops.gqa_expand(k, v, 4, 12)
         assert_bitwise_equal(k_out, expand_oracle(k, 3))
         assert_bitwise_equal(v_out, expand_oracle(v, 3))
-    plan = gqa_triton._expand_plan(k.shape, k.stride(), 2, v.shape, v.stride(), 2, 3, H200)
+    plan = gqa_triton._expand_plan(k.shape, k.stride(), 2, v.shape, v.stride(), 2, 3, H200, DEFAULT)
     assert plan is not None and len(plan.compiled) == 1
     g = make_tensor((2, 12, 33, 80), torch.float32, "bnhd", device, seed=4)
     for _ in range(2):

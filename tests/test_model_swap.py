@@ -10,15 +10,7 @@ from torch import Tensor
 
 import neuralops_gqa
 from helpers import Expand, GQAttention
-
-
-def hf_style_repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
-    """The formulation Hugging Face models use: a broadcast view and a copying reshape."""
-    batch, kv_heads, seq, dim = hidden_states.shape
-    if n_rep == 1:
-        return hidden_states
-    expanded = hidden_states[:, :, None, :, :].expand(batch, kv_heads, n_rep, seq, dim)
-    return expanded.reshape(batch, kv_heads * n_rep, seq, dim)
+from neuralops_gqa.selfcheck import hf_repeat_kv
 
 
 def _pair(repeat_kv: Callable[[Tensor, int], Tensor]) -> Expand:
@@ -28,7 +20,7 @@ def _pair(repeat_kv: Callable[[Tensor, int], Tensor]) -> Expand:
 @pytest.mark.parametrize(("heads", "kv_heads"), [(8, 2), (8, 1), (4, 4)], ids=["gqa", "mqa", "mha"])
 def test_swapped_repeat_kv_matches(backend: str, device: str, heads: int, kv_heads: int) -> None:
     torch.manual_seed(0)
-    ref = GQAttention(64, heads, kv_heads, _pair(hf_style_repeat_kv)).to(device)
+    ref = GQAttention(64, heads, kv_heads, _pair(hf_repeat_kv)).to(device)
     ours = GQAttention(64, heads, kv_heads, _pair(neuralops_gqa.repeat_kv)).to(device)
     ours.load_state_dict(ref.state_dict())
     x = torch.randn(2, 11, 64, device=device)
@@ -38,13 +30,8 @@ def test_swapped_repeat_kv_matches(backend: str, device: str, heads: int, kv_hea
     mask[0, :, :3, :3] = torch.eye(3, device=device).log()
     x_ref, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
     out_ref, out_ours = ref(x_ref, mask), ours(x_ours, mask)
-    if kv_heads > 1:
-        # The expansion is an exact copy, so everything downstream is the same arithmetic.
-        torch.testing.assert_close(out_ours, out_ref, rtol=0, atol=0)
-    else:
-        # With one KV head the reference's reshape is a stride-0 view, which sends the
-        # matmul down another BLAS path: float32 rounding differences, nothing more.
-        torch.testing.assert_close(out_ours, out_ref, rtol=1e-5, atol=1e-6)
+    # An exact copy, or (one KV head) the same broadcast view: the same arithmetic downstream.
+    torch.testing.assert_close(out_ours, out_ref, rtol=0, atol=0)
     grad = torch.randn_like(out_ref)
     out_ref.backward(grad)
     out_ours.backward(grad)
@@ -52,3 +39,24 @@ def test_swapped_repeat_kv_matches(backend: str, device: str, heads: int, kv_hea
     for (name, p_ref), p_ours in zip(ref.named_parameters(), ours.parameters()):
         # The group sums may add in another order than autograd's sum: float32 rounding.
         torch.testing.assert_close(p_ours.grad, p_ref.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_one_kv_head_is_the_same_view(device: str) -> None:
+    """With one KV head Hugging Face's repeat_kv copies nothing (a stride-0 view); ours
+    returns the same view, so a consumer that reads views in place (SDPA) copies nothing."""
+    x = torch.randn(2, 1, 5, 8, device=device)
+    ours, theirs = neuralops_gqa.repeat_kv(x, 4), hf_repeat_kv(x, 4)
+    assert ours.shape == theirs.shape and ours.stride() == theirs.stride() == (40, 0, 8, 1)
+    assert ours.data_ptr() == x.data_ptr()
+
+
+@pytest.mark.parametrize(("kv_heads", "n_rep"), [(2, 3), (1, 4), (3, 1)])
+def test_hf_formulation_is_the_installed_transformers(kv_heads: int, n_rep: int) -> None:
+    """The one copy of Hugging Face's repeat_kv the check and the benchmark compare with is
+    the installed transformers' function: same values, same strides."""
+    modeling_llama = pytest.importorskip(
+        "transformers.models.llama.modeling_llama", reason="transformers is not installed"
+    )
+    x = torch.randn(2, kv_heads, 5, 8)
+    ours, theirs = hf_repeat_kv(x, n_rep), modeling_llama.repeat_kv(x, n_rep)
+    assert torch.equal(ours, theirs) and ours.stride() == theirs.stride()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from hypothesis import given
@@ -139,7 +141,7 @@ def test_fuzz_reduce(backend: str, device: str, case: Case) -> None:
     assert_reduce_close(out_v, gv, case.kv_heads)
 
 
-def test_reduce_is_deterministic(backend: str, device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reduce_is_deterministic(backend: str, device: str) -> None:
     """Bitwise-equal gradients across repeated runs, and across launch settings that keep the
     summation order (tile sizes, unroll depth, warps, cache hints: each element still sums
     heads 0..n_rep-1)."""
@@ -151,30 +153,34 @@ def test_reduce_is_deterministic(backend: str, device: str, monkeypatch: pytest.
             assert_bitwise_equal(a, b)
     if backend != "triton":
         return
-    from csrc_free_ops import gqa_triton, launch_settings
+    from csrc_free_ops import gqa_triton
+    from csrc_free_ops.launch_settings import DEFAULT
 
-    monkeypatch.setattr(launch_settings, "WAVES", 0)  # tiles as large as TILE_BYTES allows
     blocks = set()
     for tile_bytes, unroll, hints, per_warp in [(512, 1, 0, 1024), (4096, 4, 1, 512), (32768, 16, 1, 2048)]:
-        monkeypatch.setattr(launch_settings, "TILE_BYTES", tile_bytes)
-        monkeypatch.setattr(launch_settings, "REDUCE_UNROLL", unroll)
-        monkeypatch.setattr(launch_settings, "CACHE_HINTS", hints)
-        monkeypatch.setattr(launch_settings, "REDUCE_SHORT_GROUP_BYTES_PER_WARP", per_warp)
-        gqa_triton._reduce_plan.cache_clear()
-        plan = gqa_triton._reduce_plan(
-            g_k.shape,
-            g_k.stride(),
-            g_k.dtype,
-            g_v.shape,
-            g_v.stride(),
-            g_v.dtype,
-            6,
-            gqa_triton._device_of(g_k),
-        )
+        # WAVES=0: tiles as large as TILE_BYTES allows.
+        settings = replace(DEFAULT, WAVES=0, TILE_BYTES=tile_bytes, REDUCE_UNROLL=unroll, CACHE_HINTS=hints,
+                           REDUCE_SHORT_GROUP_BYTES_PER_WARP=per_warp)  # fmt: skip
+        plan = gqa_triton._reduce_plan(g_k.shape, g_k.stride(), g_k.dtype, g_v.shape, g_v.stride(), g_v.dtype,
+                                       6, gqa_triton._device_of(g_k), settings)  # fmt: skip
         assert plan is not None and plan.meta["UNROLL"] == min(6, unroll)
         assert plan.meta["HINTS"] == bool(hints)
         blocks.add((plan.meta["K_BLOCK_R"], plan.meta["K_BLOCK_C"]))
-        for a, b in zip(torch.ops.neuralops.gqa_reduce(g_k, g_v, 2, 12), first):
+        for a, b in zip(gqa_triton.reduce_backward(g_k, g_v, 6, settings=settings), first):
             assert_bitwise_equal(a, b)
     assert len(blocks) == 3  # three different tilings really ran
-    gqa_triton._reduce_plan.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=short)
+def test_low_precision_reduce_rounds_once_to_nearest(backend: str, device: str, dtype: torch.dtype) -> None:
+    """A float32 sum, then one rounding to nearest even: exactly, on every backend (Triton's
+    interpreter truncated bfloat16 until the kernel rounded explicitly)."""
+    if dtype == torch.bfloat16:
+        head = [256.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]  # 263 in float32: 262 truncated, 264 rounded
+        g = torch.tensor(head, dtype=dtype).reshape(1, 8, 1, 1).expand(1, 8, 2, 4).contiguous().to(device)
+        gk, _ = torch.ops.neuralops.gqa_reduce(g, g, 1, 8)
+        assert gk.flatten().tolist() == [264.0] * 8
+    g = torch.randn(2, 16, 8, 16, generator=torch.Generator().manual_seed(3)).to(device=device, dtype=dtype)
+    for out in torch.ops.neuralops.gqa_reduce(g, g, 2, 16):
+        expected = g.float().unflatten(1, (2, 8)).sum(2).to(dtype)
+        assert torch.equal(out, expected)

@@ -8,6 +8,7 @@ the expansion where the stock code calls ``repeat_kv``.
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -24,8 +25,7 @@ transformers = pytest.importorskip(
     reason="the transformers integration needs transformers>=5.17 (pip install '.[test]')",
 )
 
-from neuralops_gqa import ops  # noqa: E402
-from neuralops_gqa.integrations import bench_transformers  # noqa: E402
+from benchmarks import e2e_transformers  # noqa: E402
 from neuralops_gqa.integrations import transformers as neuralops_transformers  # noqa: E402
 
 LAYERS = 2
@@ -118,25 +118,14 @@ def _assert_grads_close(actual: dict[str, torch.Tensor], expected: dict[str, tor
         torch.testing.assert_close(actual[name], grad, rtol=GRAD_RTOL, atol=atol, msg=name)
 
 
-@pytest.fixture
-def op_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The name of each real call of either op; a call seen while tracing (fake tensors, or the
-    op taken apart for a compiler) is recorded as ``"traced NAME"``."""
-    calls: list[str] = []
-    check = ops.check_inputs
-
-    def recording_check(op, names, a, b, *args, concrete=False, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append(op if concrete else f"traced {op}")
-        return check(op, names, a, b, *args, concrete=concrete, **kwargs)
-
-    monkeypatch.setattr(ops, "check_inputs", recording_check)
-    return calls
+def _names(calls: list[tuple[str, torch.Size]]) -> list[str]:
+    return [name for name, _ in calls]
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
 @pytest.mark.parametrize(("stock", "ours"), PAIRS, ids=PAIR_IDS)
 def test_padded_training_step_matches_stock(
-    backend: str, device: str, family: str, stock: str, ours: str, op_calls: list[str]
+    backend: str, device: str, family: str, stock: str, ours: str, op_calls: list[tuple[str, torch.Size]]
 ) -> None:
     ref, model = _model_pair(family, stock, ours, device)
     batch = _padded_batch(device)
@@ -145,7 +134,7 @@ def test_padded_training_step_matches_stock(
     logits, grads = _step(model, batch)
     # A padded batch has a mask, so stock sdpa calls repeat_kv too: one expansion per layer
     # forward, one group sum per layer backward.
-    assert sorted(op_calls) == ["gqa_expand"] * LAYERS + ["gqa_reduce"] * LAYERS
+    assert sorted(_names(op_calls)) == ["gqa_expand"] * LAYERS + ["gqa_reduce"] * LAYERS
     torch.testing.assert_close(logits, logits_ref, rtol=0, atol=0)
     _assert_grads_close(grads, grads_ref)
 
@@ -153,7 +142,7 @@ def test_padded_training_step_matches_stock(
 @pytest.mark.slow
 @pytest.mark.parametrize(("stock", "ours"), PAIRS, ids=PAIR_IDS)
 def test_compiled_training_step_matches_stock(
-    backend: str, device: str, stock: str, ours: str, op_calls: list[str]
+    backend: str, device: str, stock: str, ours: str, op_calls: list[tuple[str, torch.Size]]
 ) -> None:
     """``fullgraph=True``: the whole model is one graph with our op in it. On CPU the graph
     runs through ``aot_eager`` (dynamo, fake tensors, AOT autograd: every step that sees our
@@ -166,15 +155,15 @@ def test_compiled_training_step_matches_stock(
     compiled = torch.compile(model, fullgraph=True, backend="inductor" if device == "cuda" else "aot_eager")
     logits, grads = _step(model, batch, compiled)
     # Traced into the graph, then taken apart for the backend: no real call at run time.
-    assert {"traced gqa_expand", "traced gqa_reduce"} <= set(op_calls)
-    assert not [call for call in op_calls if not call.startswith("traced ")], op_calls
+    assert {"traced gqa_expand", "traced gqa_reduce"} <= set(_names(op_calls))
+    assert not [call for call in _names(op_calls) if not call.startswith("traced ")], op_calls
     torch.testing.assert_close(
         logits, logits_ref, rtol=COMPILED_RTOL, atol=COMPILED_RTOL * float(logits_ref.abs().max())
     )
     _assert_grads_close(grads, grads_ref)
 
 
-def test_unpadded_sdpa_keeps_enable_gqa(device: str, op_calls: list[str]) -> None:
+def test_unpadded_sdpa_keeps_enable_gqa(device: str, op_calls: list[tuple[str, torch.Size]]) -> None:
     """Without a mask stock sdpa expands nothing (SDPA's ``enable_gqa``), and neither do we."""
     ref, model = _model_pair("llama", "sdpa", "neuralops_sdpa", device)
     batch = _padded_batch(device)
@@ -198,7 +187,7 @@ def test_generate_matches_stock(backend: str, device: str, stock: str, ours: str
         torch.testing.assert_close(actual, expected, rtol=0, atol=0, msg=f"step {step}")
 
 
-def test_set_attn_implementation_switches(device: str, op_calls: list[str]) -> None:
+def test_set_attn_implementation_switches(device: str, op_calls: list[tuple[str, torch.Size]]) -> None:
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(_config("llama")).to(device)
     batch = _padded_batch(device)
@@ -207,7 +196,7 @@ def test_set_attn_implementation_switches(device: str, op_calls: list[str]) -> N
             model.set_attn_implementation(name)
             assert model.config._attn_implementation == name
             model(**batch)
-    assert op_calls == ["gqa_expand"] * (2 * LAYERS)
+    assert _names(op_calls) == ["gqa_expand"] * (2 * LAYERS)
 
 
 def _module(**attrs: object) -> types.SimpleNamespace:
@@ -235,21 +224,16 @@ def _other_config(family: str) -> transformers.PretrainedConfig:
     raise ValueError(family)
 
 
-@pytest.mark.parametrize(
-    ("family", "expansions"), [("gemma2", LAYERS), ("gpt_oss", LAYERS), ("granite_swa", 0)]
-)
+@pytest.mark.parametrize("family", ["gemma2", "gpt_oss", "granite_swa"])
 def test_eager_families_match_stock(
     backend: str,
     device: str,
     family: str,
-    expansions: int,
-    op_calls: list[str],
-    monkeypatch: pytest.MonkeyPatch,
+    op_calls: list[tuple[str, torch.Size]],
 ) -> None:
-    """Logits and attention weights equal stock ``"eager"``'s, bit for bit: Gemma 2's
-    soft-capping and GPT-OSS's sinks through our op; Granite-SWA, whose eager attention
-    applies its sinks as an output scale, through its own eager attention, with a warning."""
-    monkeypatch.setattr(neuralops_transformers, "_FORMS", {})  # resolve (and warn) afresh
+    """Logits and attention weights equal stock ``"eager"``'s, bit for bit, with one expansion
+    per layer: Gemma 2's soft-capping, GPT-OSS's sinks in the softmax and Granite-SWA's sinks
+    as an output scale all run in the layers' own eager attention, on our expanded k and v."""
     torch.manual_seed(0)
     build = transformers.AutoModelForCausalLM.from_config
     ref = build(_other_config(family), attn_implementation="eager").to(device)
@@ -263,30 +247,12 @@ def test_eager_families_match_stock(
     del batch["labels"]
     with torch.no_grad():
         expected = ref(**batch, output_attentions=True)
-        if expansions:
-            actual = model(**batch, output_attentions=True)
-        else:
-            with pytest.warns(UserWarning, match="runs its own eager attention"):
-                actual = model(**batch, output_attentions=True)
-    assert op_calls == ["gqa_expand"] * expansions
+        actual = model(**batch, output_attentions=True)
+    assert _names(op_calls) == ["gqa_expand"] * LAYERS
     torch.testing.assert_close(actual.logits, expected.logits, rtol=0, atol=0)
     assert len(actual.attentions) == len(expected.attentions) == LAYERS
     for layer, (a, e) in enumerate(zip(actual.attentions, expected.attentions)):
         torch.testing.assert_close(a, e, rtol=0, atol=0, msg=f"layer {layer}")
-
-
-def test_eager_forms_of_the_installed_transformers() -> None:
-    """The fingerprints still name the installed Llama, Gemma 2 and GPT-OSS eager attentions.
-    Fails where a transformers release rewrote one: compare the new function with ours, then
-    add its fingerprint (those layers run their own eager attention until then)."""
-    from transformers.models.gemma2 import modeling_gemma2
-    from transformers.models.gpt_oss import modeling_gpt_oss
-    from transformers.models.llama import modeling_llama
-
-    resolve = neuralops_transformers._resolve
-    assert resolve(modeling_llama.LlamaAttention) == neuralops_transformers._LLAMA
-    assert resolve(modeling_gemma2.Gemma2Attention) == neuralops_transformers._SOFTCAP
-    assert resolve(modeling_gpt_oss.GptOssAttention) == neuralops_transformers._SINKS
 
 
 def test_eager_refuses_a_layer_without_eager_attention() -> None:
@@ -299,7 +265,7 @@ def test_eager_refuses_a_layer_without_eager_attention() -> None:
 
 
 @pytest.mark.parametrize("masked", [True, False], ids=["mask", "causal"])
-def test_sdpa_arguments_match_stock(device: str, masked: bool, op_calls: list[str]) -> None:
+def test_sdpa_arguments_match_stock(device: str, masked: bool, op_calls: list[tuple[str, torch.Size]]) -> None:
     """Dropout (same seed, same draws), scaling, is_causal, with and without a mask."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -313,7 +279,7 @@ def test_sdpa_arguments_match_stock(device: str, masked: bool, op_calls: list[st
         actual, weights = neuralops_transformers.sdpa_attention_forward(module, q, k, v, mask, **kwargs)
         assert weights is None
         torch.testing.assert_close(actual, expected, rtol=0, atol=0, msg=str(kwargs))
-    assert op_calls == (["gqa_expand"] * 3 if masked else [])
+    assert _names(op_calls) == (["gqa_expand"] * 3 if masked else [])
 
 
 def test_register_adds_mask_functions() -> None:
@@ -338,7 +304,7 @@ def test_neuralops_gqa_import_does_not_import_transformers() -> None:
 
 def test_benchmark_runs_on_cpu(tmp_path: pytest.TempPathFactory) -> None:
     out = tmp_path / "bench.json"
-    bench_transformers.main(["--device", "cpu", "--warmup", "1", "--repeats", "2", "--out", str(out)])
+    e2e_transformers.main(["--device", "cpu", "--warmup", "1", "--repeats", "2", "--out", str(out)])
     report = json.loads(out.read_text())
     names = [r["implementation"] for r in report["results"]]
     assert names == ["sdpa", "neuralops_sdpa", "eager", "neuralops_eager"]
@@ -348,3 +314,28 @@ def test_benchmark_runs_on_cpu(tmp_path: pytest.TempPathFactory) -> None:
     assert losses["neuralops_sdpa"] == pytest.approx(losses["sdpa"], rel=1e-6)
     assert losses["neuralops_eager"] == pytest.approx(losses["eager"], rel=1e-6)
     assert set(report["speedup"]) == {"neuralops_sdpa vs sdpa", "neuralops_eager vs eager"}
+
+
+@pytest.mark.parametrize(("stock", "ours", "rows", "expansions"),
+                         [("sdpa", "neuralops_sdpa", 3, 0), ("eager", "neuralops_eager", 3, LAYERS),
+                          ("eager", "neuralops_eager", 1, 0)],
+                         ids=["sdpa", "eager", "eager-batch-1"])  # fmt: skip
+def test_one_kv_head_takes_the_consumers_route(
+    backend: str, device: str, stock: str, ours: str, rows: int, expansions: int,
+    op_calls: list[tuple[str, torch.Size]],
+) -> None:  # fmt: skip
+    """One KV head: stock repeat_kv makes a broadcast view. SDPA reads it in place and so does
+    a batch of one in eager matmul, so nothing is copied there, as in stock; eager matmul
+    copies a view of a larger batch itself, so our op copies instead. Results equal stock's."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**{**_TINY, "num_key_value_heads": 1})
+    build = transformers.AutoModelForCausalLM.from_config
+    ref = build(config, attn_implementation=stock).to(device)
+    model = build(copy.deepcopy(config), attn_implementation=ours).to(device)
+    model.load_state_dict(ref.state_dict())
+    batch = {k: v[:rows] for k, v in _padded_batch(device).items()}
+    logits_ref, grads_ref = _step(ref, batch)
+    logits, grads = _step(model, batch)
+    assert sorted(_names(op_calls)) == sorted(["gqa_expand", "gqa_reduce"] * expansions)
+    torch.testing.assert_close(logits, logits_ref, rtol=0, atol=0)
+    _assert_grads_close(grads, grads_ref)

@@ -6,22 +6,6 @@ import pytest
 import torch
 
 from helpers import assert_bitwise_equal, assert_reduce_close
-from neuralops_gqa import ops
-
-
-@pytest.fixture
-def op_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, torch.Size]]:
-    """Each real call of either op, with its first input's shape: one call per vmap means the
-    batching rule ran; one call per sample would mean PyTorch's fallback loop."""
-    calls: list[tuple[str, torch.Size]] = []
-    check = ops.check_inputs
-
-    def recording_check(op, names, a, b, *args, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append((op, a.shape))
-        return check(op, names, a, b, *args, **kwargs)
-
-    monkeypatch.setattr(ops, "check_inputs", recording_check)
-    return calls
 
 
 def _randn(*shape: int, device: str, seed: int = 0) -> torch.Tensor:
@@ -60,3 +44,27 @@ def test_gradcheck_batched_grad(backend: str, device: str) -> None:
 
     assert torch.autograd.gradcheck(fn, (k, v), check_batched_grad=True, fast_mode=True)
     assert torch.autograd.gradgradcheck(fn, (k, v), check_batched_grad=True, fast_mode=True)
+
+
+@pytest.mark.parametrize("in_dims", [(0, 0), (None, 0), (0, None)], ids=str)
+def test_vmap_over_an_empty_dim(backend: str, device: str, in_dims: tuple[int | None, int | None]) -> None:
+    """A vmapped dim of size 0 gives an empty result of the right shape, as repeat_interleave
+    does, for both ops and whichever input is vmapped."""
+    k = _randn(0, 1, 2, 3, 4, device=device) if in_dims[0] == 0 else _randn(1, 2, 3, 4, device=device)
+    v = _randn(0, 1, 2, 3, 5, device=device) if in_dims[1] == 0 else _randn(1, 2, 3, 5, device=device)
+    out_k, out_v = torch.vmap(lambda a, b: torch.ops.neuralops.gqa_expand(a, b, 2, 4), in_dims=in_dims)(k, v)
+    assert out_k.shape == (0, 1, 4, 3, 4) and out_v.shape == (0, 1, 4, 3, 5)
+    g = _randn(0, 1, 4, 3, 4, device=device)
+    out_g, _ = torch.vmap(lambda a: torch.ops.neuralops.gqa_reduce(a, a, 2, 4))(g)
+    assert out_g.shape == (0, 1, 2, 3, 4)
+    ref = torch.vmap(lambda a: a.repeat_interleave(2, 1))(_randn(0, 1, 2, 3, 4, device=device))
+    assert ref.shape == out_k.shape
+
+
+def test_nested_vmap_with_an_empty_dim(backend: str, device: str) -> None:
+    x = _randn(3, 0, 1, 2, 3, 4, device=device)
+    out, _ = torch.vmap(torch.vmap(lambda a: torch.ops.neuralops.gqa_expand(a, a, 2, 6)))(x)
+    assert out.shape == (3, 0, 1, 6, 3, 4)
+    x = _randn(0, 3, 1, 2, 3, 4, device=device)
+    out, _ = torch.vmap(torch.vmap(lambda a: torch.ops.neuralops.gqa_expand(a, a, 2, 6)))(x)
+    assert out.shape == (0, 3, 1, 6, 3, 4)

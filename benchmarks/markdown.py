@@ -1,9 +1,9 @@
-"""Markdown from a benchmark report (the JSON ``python -m neuralops_gqa.bench`` writes).
+"""Markdown from a benchmark report (the JSON ``python -m benchmarks.bench`` writes).
 
 One renderer for every place a figure appears: the run's own ``bench.md`` and the generated
-blocks of README.md and docs/ (:mod:`neuralops_gqa.bench_docs`), so the docs can't quote a
-number the committed JSON doesn't hold. Reports of older schemas (no ``compiled`` section,
-fewer shapes) render what they have and say what is missing.
+blocks of README.md and docs/ (:mod:`benchmarks.docs_blocks`), so the docs can't quote a
+number the committed JSON doesn't hold. A partial run (``--parts``) renders what it has and
+says what is missing.
 
 Percentages of the ceiling and speedups are truncated, not rounded, so a figure never reads
 as meeting a target it missed (92.98% shows as 92.9).
@@ -17,9 +17,14 @@ from typing import Any
 
 Report = dict[str, Any]
 
-LARGE_BYTES = 64 * 2**20  # the targets cover shapes that move at least this much
-FLOOR_PCT = 93.0  # every large shape, percent of the copy ceiling (DESIGN.md, Performance)
-GEOMEAN_PCT = 95.0
+LARGE_BYTES = 64 * 2**20  # the summaries' ranges cover shapes that move at least this much
+# The targets: every shape that moves >= 32 MB at >= 95% of a plain copy of the same bytes
+# timed beside it, geometric mean >= 100%; shapes >= 256 MB at >= 95% of the 1 GiB copy.
+COPY_MIN_BYTES = 32 * 2**20
+COPY_FLOOR_PCT = 95.0
+COPY_GEOMEAN_PCT = 100.0
+CEILING_MIN_BYTES = 256 * 2**20
+CEILING_FLOOR_PCT = 95.0
 FORWARD_PEERS = ("hf_eager", "repeat_interleave", "compiled_hf")
 BACKWARD_PEERS = ("hf_eager", "compiled_hf")
 PEER_NAMES = {
@@ -27,24 +32,6 @@ PEER_NAMES = {
     "repeat_interleave": "`repeat_interleave`",
     "compiled_hf": "compiled `repeat_kv`",
 }
-# The benchmark's shape list as of schema 2; a report without some of them predates them.
-SCHEMA2_SHAPES = (
-    "llama3-8b",
-    "llama3-70b",
-    "qwen2-7b",
-    "mqa",
-    "gemma2",
-    "long-context",
-    "many-short",
-    "small",
-    "llama3-8b-bnhd",
-    "phi3-medium",
-    "head-dim-64",
-    "head-dim-80",
-    "head-dim-96",
-    "decode-batch",
-    "qwen2-7b-bnhd",
-)
 WORKLOADS = {"expand": "expansion", "expand_scale": "expansion, then `* 0.5`"}
 HOST_CALLS = {
     "neuralops": "`torch.ops.neuralops.gqa_expand(k, v, {kv}, {h})`",
@@ -54,15 +41,6 @@ HOST_CALLS = {
     "launcher_only": "our launcher alone (no dispatcher), both tensors",
     "launcher_k_with_zero_width_v": "our launcher alone, k only",
     "two_empty": "two `torch.empty_like`",
-}
-DEFAULT_SMALL = {
-    "name": "small",
-    "batch": 1,
-    "kv_heads": 8,
-    "heads": 32,
-    "seq": 512,
-    "dim": 128,
-    "bnhd": False,
 }
 
 
@@ -122,20 +100,24 @@ def kernel_table(report: Report, dtype: str) -> str:
     gpu = is_gpu(report)
     rows = [r for r in report.get("results", []) if r["dtype"] == dtype]
     peers = [p for p in FORWARD_PEERS if any(p in r["median_ms"] for r in rows)]
+    copy = any("pct_of_copy" in r for r in rows)
     head = ["shape (B, H_kv->H, N, D)", "dir", "MB", "neuralops ms", "GB/s"]
     head += ["% ceiling"] if gpu else []
+    head += ["% same-size copy"] if copy else []
     lines = ["| " + " | ".join(head + peers) + " |", "|" + "---|" * (len(head) + len(peers))]
     for r in rows:
         s = r["shape"]
         cols = [
             f"{s['name']} ({describe(s)})",
-            r["direction"][:3],
+            r["direction"],
             _mb(r["bytes"]),
             f"{r['median_ms']['neuralops']:.4f}",
             f"{r['gbs']['neuralops']:.0f}",
         ]
         if gpu:
             cols.append(f"**{floor1(r['pct_of_ceiling']['neuralops'])}**")
+        if copy:
+            cols.append(f"**{floor1(r['pct_of_copy'])}**" if "pct_of_copy" in r else "-")
         for p in peers:
             if p not in r["speedup"]:
                 cols.append("-")
@@ -235,53 +217,57 @@ def _slower_rows(report: Report) -> list[str]:
     return out
 
 
+def _target_misses(report: Report) -> dict[str, Any]:
+    """What the targets need: rows under each floor, geomeans of % of copy per dtype/direction."""
+    rows = report.get("results", [])
+    copy_rows = [r for r in rows if "pct_of_copy" in r and r["bytes"] >= COPY_MIN_BYTES]
+    big = [r for r in rows if r["bytes"] >= CEILING_MIN_BYTES]
+    geomeans = {}
+    for r in copy_rows:
+        geomeans.setdefault((r["dtype"], r["direction"]), []).append(r["pct_of_copy"])
+    return {
+        "copy_rows": copy_rows,
+        "under_copy": [r for r in copy_rows if r["pct_of_copy"] < COPY_FLOOR_PCT],
+        "big": big,
+        "under_ceiling": [r for r in big if r["pct_of_ceiling"]["neuralops"] < CEILING_FLOOR_PCT],
+        "geomeans": {k: math.exp(sum(math.log(v) for v in vs) / len(vs)) for k, vs in geomeans.items()},
+    }
+
+
+def _row_name(r: dict[str, Any]) -> str:
+    return f"{r['dtype']} {r['shape']['name']} {r['direction']}"
+
+
 def targets_paragraph(report: Report) -> str:
     """The design's kernel targets, each met or missed, with the figures that decide it."""
-    rows = summaries(report)
-    if not is_gpu(report) or not rows:
+    if not is_gpu(report) or not report.get("results"):
         return ""
-    floor_missed = []
-    for r in report["results"]:
-        pct = r["pct_of_ceiling"]["neuralops"]
-        if r["bytes"] >= LARGE_BYTES and pct < FLOOR_PCT:
-            floor_missed.append(f"{r['dtype']} {r['shape']['name']} {r['direction']} {floor1(pct)}%")
-    geo = [s for s in rows if s.geomean_pct is not None]
-    geo_missed = [
-        f"{s.dtype} {s.direction} {floor1(s.geomean_pct)}%"
-        for s in geo
-        if s.geomean_pct is not None and s.geomean_pct < GEOMEAN_PCT
-    ]
-    slower = _slower_rows(report)
+    m = _target_misses(report)
     parts = [
-        f"Against the targets (every shape that moves >= 64 MB at >= {FLOOR_PCT:g}% of the ceiling, "
-        f"geometric mean >= {GEOMEAN_PCT:g}%, never slower than any peer):"
+        f"Against the targets (every shape that moves >= {COPY_MIN_BYTES >> 20} MB at >= {COPY_FLOOR_PCT:g}% of a "
+        f"copy of the same bytes timed beside it, geometric mean >= {COPY_GEOMEAN_PCT:g}%; shapes >= "
+        f"{CEILING_MIN_BYTES >> 20} MB at >= {CEILING_FLOOR_PCT:g}% of the ceiling; never slower than any peer):"
     ]
-    if floor_missed:
-        parts.append(f"the floor is missed on {len(floor_missed)} rows ({'; '.join(floor_missed)});")
+    if not m["copy_rows"]:
+        parts.append("the same-size copy was not timed in this run;")
+    elif m["under_copy"]:
+        missed = "; ".join(f"{_row_name(r)} {floor1(r['pct_of_copy'])}%" for r in m["under_copy"])
+        parts.append(f"{len(m['under_copy'])} of {len(m['copy_rows'])} rows under the same-size copy floor ({missed});")
     else:
-        parts.append("the floor is met on every shape, dtype and direction;")
-    if geo_missed:
-        parts.append(
-            f"the geometric mean is met in {len(geo) - len(geo_missed)} of {len(geo)} dtype/direction pairs "
-            f"(missed: {'; '.join(geo_missed)});"
-        )
-    else:
-        parts.append(f"the geometric mean is met in all {len(geo)} dtype/direction pairs;")
+        parts.append(f"all {len(m['copy_rows'])} rows at or above the same-size copy floor;")
+    if m["geomeans"]:
+        geo = "; ".join(f"{d} {direction} {floor1(g)}%" for (d, direction), g in m["geomeans"].items())
+        parts.append(f"geometric means of the percent of the copy: {geo};")
+    if m["under_ceiling"]:
+        missed = "; ".join(f"{_row_name(r)} {floor1(r['pct_of_ceiling']['neuralops'])}%" for r in m["under_ceiling"])
+        parts.append(f"{len(m['under_ceiling'])} of {len(m['big'])} rows >= {CEILING_MIN_BYTES >> 20} MB under the ceiling floor ({missed});")
+    elif m["big"]:
+        parts.append(f"all {len(m['big'])} rows >= {CEILING_MIN_BYTES >> 20} MB at or above the ceiling floor;")
+    slower = _slower_rows(report)
     if slower:
         parts.append(f"a peer is faster on {len(slower)} rows ({'; '.join(slower)}).")
     else:
-        closest = min(
-            ((x, r) for r in report["results"] for x in r["speedup"].values()),
-            key=lambda t: t[0],
-            default=None,
-        )
-        if closest is not None:
-            x, r = closest
-            peer = min(r["speedup"], key=lambda p: r["speedup"][p])
-            parts.append(
-                f"no peer is faster on any row (closest: {floor_x(x, 3)} over {peer}, {r['dtype']} "
-                f"{r['shape']['name']} {r['direction']})."
-            )
+        parts.append("no peer is faster on any row.")
     return " ".join(parts) + "\n"
 
 
@@ -289,11 +275,8 @@ def targets_paragraph(report: Report) -> str:
 
 
 def host_shape(report: Report) -> dict[str, Any]:
-    if "host_shape" in report:
-        shape: dict[str, Any] = report["host_shape"]
-        return shape
-    small = next((r["shape"] for r in report.get("results", []) if r["shape"]["name"] == "small"), None)
-    return small if small is not None else DEFAULT_SMALL
+    shape: dict[str, Any] = report.get("host_shape") or {}
+    return shape
 
 
 def host_table(report: Report) -> str:
@@ -328,21 +311,7 @@ def compiled_section(report: Report) -> str:
     """The op inside ``torch.compile`` graphs against compiled ``repeat_kv``."""
     section = report.get("compiled")
     if section is None:
-        old = report.get("compiled_overhead_us")
-        if not old:
-            return "This run did not measure the op inside compiled graphs.\n"
-        s = host_shape(report)
-        lines = [
-            f"Small shape ({describe(s)}), the expansion alone, wall clock, us per call:",
-            "",
-            "| mode | neuralops | compiled `repeat_kv` | speedup |",
-            "|---|---|---|---|",
-        ]
-        for mode in ("default", "reduce-overhead"):
-            ours, theirs = old.get(f"neuralops_{mode}"), old.get(f"hf_{mode}")
-            if ours is not None and theirs is not None:
-                lines.append(f"| `{mode}` | {ours:.1f} | {theirs:.1f} | {_ratio(ours, theirs)} |")
-        return "\n".join(lines) + "\n"
+        return "This run did not measure the op inside compiled graphs.\n"
     out = []
     host = section.get("host_us")
     dtype = section.get("dtype", "")
@@ -404,19 +373,10 @@ def _kernel_cell(row: dict[str, Any], kernel: float | None, digits: int) -> str:
 def compiled_host_sentence(report: Report) -> str:
     """Per-call cost inside a compiled graph on the small shape, for the usage pages."""
     section = report.get("compiled")
+    if section is None:
+        return "not measured in the committed run"
     s = host_shape(report)
     lead = f"small benchmark shape ({describe(s)}), both tensors, on the {where(report)} machine's host"
-    if section is None:
-        old = report.get("compiled_overhead_us") or {}
-        parts = [
-            f"`{mode}` mode {old[f'neuralops_{mode}']:.1f} us against {old[f'hf_{mode}']:.1f} us "
-            "for compiled `repeat_kv`"
-            for mode in ("default", "reduce-overhead")
-            if f"neuralops_{mode}" in old and f"hf_{mode}" in old
-        ]
-        if not parts:
-            return "not measured in the committed run"
-        return f"{lead}, the expansion alone: " + "; ".join(parts)
     host = section.get("host_us") or {}
     parts = [
         f"{WORKLOADS.get(r['workload'], r['workload'])} in `{r['mode']}` mode {r['neuralops']:.1f} us "
@@ -474,20 +434,9 @@ def machine_paragraph(report: Report) -> str:
 
 
 def missing_paragraph(report: Report) -> str:
-    """What a report of an older schema, or a partial run, doesn't hold."""
-    if report.get("schema", 1) >= 2:
-        skipped = [p for p in ("kernels", "host", "compiled", "memory") if p not in report.get("parts", [])]
-        return f"Parts not measured in this run: {', '.join(skipped)}.\n" if skipped else ""
-    names = {r["shape"]["name"] for r in report.get("results", [])}
-    missing = []
-    absent = [n for n in SCHEMA2_SHAPES if n not in names]
-    if report.get("results") and absent:
-        missing.append("the shapes " + _joined([f"`{n}`" for n in absent]))
-    if "compiled" not in report:
-        missing.append(
-            "inside compiled graphs, the expansion followed by a pointwise op and GPU time on larger shapes"
-        )
-    return "Not in this run (its JSON predates them): " + "; ".join(missing) + ".\n" if missing else ""
+    """The parts a partial run didn't measure."""
+    skipped = [p for p in ("kernels", "host", "compiled", "memory") if p not in report.get("parts", [])]
+    return f"Parts not measured in this run: {', '.join(skipped)}.\n" if skipped else ""
 
 
 def _mb(nbytes: int) -> str:
@@ -645,20 +594,7 @@ def _host_clause(report: Report) -> str:
 def _compiled_clause(report: Report) -> str:
     section = report.get("compiled")
     if section is None:
-        old = report.get("compiled_overhead_us") or {}
-        if "neuralops_default" not in old or "hf_default" not in old:
-            return ""
-        return (
-            "Inside a compiled graph, small shape, expansion alone: "
-            f"{old['neuralops_default']:.1f} against {old['hf_default']:.1f} us per call for compiled "
-            "`repeat_kv` in `default` mode"
-            + (
-                f", {old['neuralops_reduce-overhead']:.1f} against {old['hf_reduce-overhead']:.1f} us with "
-                "`reduce-overhead`."
-                if "neuralops_reduce-overhead" in old and "hf_reduce-overhead" in old
-                else "."
-            )
-        )
+        return ""
     # GPU time from CUDA-graph replays (default mode) is what the kernels cost; the small
     # shape and reduce-overhead loops are wall clock, host-bound, and noisier.
     gpu: list[float] = []
@@ -717,32 +653,32 @@ def readme_paragraph(report: Report, link: str) -> str:
 
 
 def targets_summary(report: Report) -> str:
-    """The targets in one sentence: how many large rows miss the floor, the lowest, the geomeans."""
-    rows = [r for r in report.get("results", []) if r["bytes"] >= LARGE_BYTES]
-    if not is_gpu(report) or not rows:
+    """The targets in one sentence: rows under each floor, the lowest, the geomeans."""
+    if not is_gpu(report) or not report.get("results"):
         return ""
-    low = [r for r in rows if r["pct_of_ceiling"]["neuralops"] < FLOOR_PCT]
-    geo = [s for s in summaries(report) if s.geomean_pct is not None]
-    geo_met = sum(1 for s in geo if (s.geomean_pct or 0) >= GEOMEAN_PCT)
-    worst = min(rows, key=lambda r: r["pct_of_ceiling"]["neuralops"])
-    floor = (
-        f"{len(low)} of {len(rows)} rows under the {FLOOR_PCT:g}% floor (lowest: "
-        f"{floor1(worst['pct_of_ceiling']['neuralops'])}%, {worst['dtype']} {worst['shape']['name']} "
-        f"{worst['direction']})"
-        if low
-        else f"every row at >= {FLOOR_PCT:g}% of the ceiling"
-    )
-    return (
-        f"Targets: {floor}; geometric mean >= {GEOMEAN_PCT:g}% in {geo_met} of {len(geo)} "
-        "dtype/direction pairs."
-    )
+    m = _target_misses(report)
+    parts = []
+    if m["copy_rows"]:
+        worst = min(m["copy_rows"], key=lambda r: r["pct_of_copy"])
+        parts.append(
+            f"{len(m['under_copy'])} of {len(m['copy_rows'])} rows >= {COPY_MIN_BYTES >> 20} MB under "
+            f"{COPY_FLOOR_PCT:g}% of a same-size copy (lowest: {floor1(worst['pct_of_copy'])}%, {_row_name(worst)})"
+        )
+        met = sum(g >= COPY_GEOMEAN_PCT for g in m["geomeans"].values())
+        parts.append(f"geometric mean >= {COPY_GEOMEAN_PCT:g}% of the copy in {met} of {len(m['geomeans'])} dtype/direction pairs")
+    if m["big"]:
+        parts.append(
+            f"{len(m['under_ceiling'])} of {len(m['big'])} rows >= {CEILING_MIN_BYTES >> 20} MB under "
+            f"{CEILING_FLOOR_PCT:g}% of the ceiling"
+        )
+    return ("Targets: " + "; ".join(parts) + ".") if parts else ""
 
 
 # Other committed runs ------------------------------------------------------------------------
 
 
 def e2e_markdown(data: dict[str, Any]) -> str:
-    """The end-to-end training step (``neuralops_gqa.integrations.bench_transformers``)."""
+    """The end-to-end training step (``benchmarks.e2e_transformers``)."""
     env, setup = data["environment"], data["setup"]
     results = data["results"]
     by_name = {r["implementation"]: r for r in results}

@@ -1,11 +1,11 @@
-"""Benchmark of the GQA expansion against its peers: ``python -m neuralops_gqa.bench``.
+"""Benchmark of the GQA expansion against its peers: ``python -m benchmarks.bench``.
 
 Every figure comes from one run on one device. On CUDA: the copy ceiling (a large
 device-to-device copy, bytes read + written), then per shape, dtype and direction the
 median GPU time of each provider over CUDA-graph replays, GB/s for the minimal bytes of the
 job, percent of the ceiling and our speedup over each peer; the host cost of an eager call;
 the op inside ``torch.compile`` graphs against compiled ``repeat_kv``; peak memory. Writes
-JSON, Markdown (rendered by :mod:`neuralops_gqa.bench_report`, the same code that renders
+JSON, Markdown (rendered by :mod:`benchmarks.markdown`, the same code that renders
 the committed figures in the docs) and a plot.
 
 On a CPU the op runs its PyTorch reference, so a CPU run checks that the benchmark works
@@ -21,6 +21,7 @@ import contextlib
 import functools
 import itertools
 import json
+import math
 import platform
 import shutil
 import statistics
@@ -36,10 +37,10 @@ import torch
 from torch import Tensor
 
 import neuralops_gqa
-from neuralops_gqa import bench_report, ops
+from benchmarks import markdown
 
 # Re-exported: ``python -m neuralops_gqa`` imports it from here.
-from neuralops_gqa.peers import hf_repeat_kv as hf_repeat_kv
+from neuralops_gqa.selfcheck import hf_repeat_kv
 
 Fn = Callable[[], object]
 Pair = Callable[[Tensor, Tensor], object]
@@ -161,8 +162,9 @@ QUICK = Effort(5, 20, 2, 3, 0.0, 2, 2, 3, 2)
 # The peers and our op, as the pairs of tensors a model expands. Each compiled variant gets
 # its own function, so their compilations never share a code object's cache.
 def _hf_pair(k: Tensor, v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]:
-    # With one KV head the reshape is a stride-0 view; materialise it like every provider.
-    return hf_repeat_kv(k, n_rep).contiguous(), hf_repeat_kv(v, n_rep).contiguous()
+    # Its real output: a copy, or with one KV head a broadcast view (no kernel at all, so the
+    # kernel tables leave that case to the attention benchmark, where a consumer reads it).
+    return hf_repeat_kv(k, n_rep), hf_repeat_kv(v, n_rep)
 
 
 def _compiled_hf_pair_fn(k: Tensor, v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]:
@@ -208,13 +210,31 @@ def _graph_scale_hf(k: Tensor, v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]:
 
 
 # The same, compiled with our expansion kernel in place of the fusable ATen form that the
-# op gives compilers (what decides that choice).
+# op gives compilers (what decides that choice): a benchmark-only op whose body is the
+# kernel's wrap_triton launch, so compilers launch it as they launch the reduction.
+@functools.cache
+def kernel_form_op() -> Callable[[Tensor, Tensor, int, int], tuple[Tensor, Tensor]]:
+    """``torch.ops.neuralops_bench.gqa_expand_kernel``, defined on first use."""
+    from csrc_free_ops import gqa_triton
+
+    @torch.library.triton_op("neuralops_bench::gqa_expand_kernel", mutates_args=())
+    def gqa_expand_kernel(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
+        return gqa_triton.expand_forward(k, v, num_heads // num_kv_heads, traced=True)  # type: ignore[no-any-return]
+
+    @gqa_expand_kernel.register_fake  # type: ignore[untyped-decorator]
+    def _(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
+        return torch.ops.neuralops.gqa_expand.default(k, v, num_kv_heads, num_heads)  # type: ignore[no-any-return]
+
+    op: Callable[[Tensor, Tensor, int, int], tuple[Tensor, Tensor]] = torch.ops.neuralops_bench.gqa_expand_kernel
+    return op
+
+
 def _graph_expand_kernel(k: Tensor, v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]:
-    return _ours_pair(k, v, n_rep)
+    return kernel_form_op()(k, v, k.shape[1], k.shape[1] * n_rep)
 
 
 def _graph_scale_kernel(k: Tensor, v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]:
-    k2, v2 = _ours_pair(k, v, n_rep)
+    k2, v2 = _graph_expand_kernel(k, v, n_rep)
     return k2 * 0.5, v2 * 0.5
 
 
@@ -232,32 +252,21 @@ GRAPH_WORKLOADS: dict[str, dict[str, Callable[[Tensor, Tensor, int], tuple[Tenso
 }
 
 
-@contextlib.contextmanager
-def compiled_form(provider: str) -> Iterator[None]:
-    """Compile (and record) ``provider``'s graphs with the expansion form it stands for;
-    for our kernel with Inductor's caches off, as their keys don't tell the forms apart."""
-    if provider != "neuralops_kernel":
-        yield
-        return
-    import torch._inductor.config
-
-    with (
-        torch._inductor.config.patch(fx_graph_cache=False),
-        torch._functorch.config.patch(enable_autograd_cache=False),
-    ):
-        saved, ops._compiled_expand_kernel = ops._compiled_expand_kernel, True
-        try:
-            yield
-        finally:
-            ops._compiled_expand_kernel = saved
-
-
 _RECOMPILE_LIMITS = (
     "recompile_limit",
     "cache_size_limit",
     "accumulated_recompile_limit",
     "accumulated_cache_size_limit",
 )
+
+
+def graph_providers(workload: str, device: str) -> list[str]:
+    """The compiled-graph providers a device runs: our kernel form exists on CUDA only (on a
+    CPU the op's compiled form is the reference either way)."""
+    if device == "cuda":
+        kernel_form_op()  # defined before any compilation: dynamo can't trace an op definition
+        return list(GRAPH_WORKLOADS[workload])
+    return [p for p in GRAPH_WORKLOADS[workload] if p != "neuralops_kernel"]
 
 
 @contextlib.contextmanager
@@ -387,6 +396,20 @@ def buffer_sets(nbytes: int, device: str) -> int:
     return max(1, min(8, -(-4 * l2 // max(nbytes, 1))))
 
 
+SAME_SIZE_COPY = "same_size_copy"
+
+
+def same_size_copies(nbytes: int, device: str) -> list[Fn]:
+    """Device-to-device copies that move ``nbytes`` (read + written), rotating over buffers
+    several times the L2: the limit a job of that size can reach, timed beside it."""
+    half = nbytes // 2
+    pairs = [
+        (torch.empty(half, dtype=torch.uint8, device=device), torch.empty(half, dtype=torch.uint8, device=device))
+        for _ in range(max(2, buffer_sets(half, device)))
+    ]
+    return [functools.partial(dst.copy_, src) for src, dst in pairs]
+
+
 def copy_ceiling_gbs(device: str, effort: Effort) -> float:
     """GB/s of a 1 GiB device-to-device copy, counting bytes read + written."""
     nbytes = 2**30
@@ -397,7 +420,7 @@ def copy_ceiling_gbs(device: str, effort: Effort) -> float:
 
 
 def kernel_providers(
-    shape: Shape, direction: str, device: str
+    shape: Shape, direction: str, device: str, compiled_peers: bool = True
 ) -> dict[str, Callable[[Tensor, Tensor], object]]:
     """Forward: both tensors expanded. Backward: both gradients reduced (the kernel work of
     the backward pass, without the autograd engine's host cost)."""
@@ -406,17 +429,18 @@ def kernel_providers(
     if direction == "forward":
         providers = {
             "neuralops": lambda k, v: _ours_pair(k, v, n_rep),
-            "hf_eager": lambda k, v: _hf_pair(k, v, n_rep),
             "repeat_interleave": lambda k, v: _interleave_pair(k, v, n_rep),
         }
-        if device == "cuda":
-            providers["compiled_hf"] = lambda k, v: compiled(_compiled_hf_pair_fn)(k, v, n_rep)
+        if kv > 1:  # one KV head: Hugging Face's repeat_kv returns a view, compiled or not
+            providers["hf_eager"] = lambda k, v: _hf_pair(k, v, n_rep)
+            if device == "cuda" and compiled_peers:
+                providers["compiled_hf"] = lambda k, v: compiled(_compiled_hf_pair_fn)(k, v, n_rep)
         return providers
     providers = {
         "neuralops": lambda gk, gv: torch.ops.neuralops.gqa_reduce(gk, gv, kv, heads),
         "hf_eager": lambda gk, gv: _hf_backward(gk, gv, n_rep),
     }
-    if device == "cuda":
+    if device == "cuda" and compiled_peers:
         providers["compiled_hf"] = lambda gk, gv: compiled(_compiled_hf_backward_fn)(gk, gv, n_rep)
     return providers
 
@@ -595,6 +619,7 @@ class Plan:
     effort: Effort = FULL
     compiled_shapes: tuple[str, ...] = COMPILED_SHAPES
     compile_backend: str = "inductor"
+    compiled_peers: bool = True  # time torch.compile of repeat_kv in the kernel tables
 
     @property
     def graph_dtype(self) -> torch.dtype:
@@ -612,22 +637,32 @@ def _kernel_steps(plan: Plan, report: dict[str, Any]) -> list[Step]:
     directions = ["forward", "backward"] if plan.backward else ["forward"]
     device, effort = plan.device, plan.effort
 
-    def measure(shape: Shape, dtype: torch.dtype, direction: str, name: str, provider: Pair) -> None:
+    def measure(shape: Shape, dtype: torch.dtype, direction: str, name: str, provider: Pair | None) -> None:
         in_shape = shape if direction == "forward" else _grad_shape(shape)
         itemsize = dtype.itemsize
-        in_bytes = 2 * in_shape.batch * in_shape.kv_heads * shape.seq * shape.dim * itemsize
-        sets = [make_inputs(in_shape, dtype, device) for _ in range(buffer_sets(in_bytes, device))]
-        calls: list[Fn] = [functools.partial(provider, a, b) for a, b in sets]
+        calls: list[Fn]
+        if provider is None:  # the limit at this size: a plain copy of the same bytes
+            calls = same_size_copies(shape.minimal_bytes(itemsize), device)
+        else:
+            in_bytes = 2 * in_shape.batch * in_shape.kv_heads * shape.seq * shape.dim * itemsize
+            sets = [make_inputs(in_shape, dtype, device) for _ in range(buffer_sets(in_bytes, device))]
+            calls = [functools.partial(provider, a, b) for a, b in sets]
+            del sets
         ms = graph_ms(calls, effort) if device == "cuda" else median_ms(calls[0], device, effort)
         times.setdefault((dtype_name(dtype), shape.name, direction), {})[name] = ms
-        del calls, sets
+        del calls
         if device == "cuda":
             torch.cuda.empty_cache()
 
     for dtype in plan.dtypes:
         for shape in plan.shapes:
             for direction in directions:
-                for name, provider in kernel_providers(shape, direction, device).items():
+                providers: dict[str, Pair | None] = {
+                    **kernel_providers(shape, direction, device, plan.compiled_peers)
+                }
+                if device == "cuda":
+                    providers[SAME_SIZE_COPY] = None
+                for name, provider in providers.items():
                     units = COMPILE_UNITS if name.startswith("compiled") else 1
                     steps.append(
                         Step(
@@ -643,6 +678,7 @@ def _kernel_steps(plan: Plan, report: dict[str, Any]) -> list[Step]:
         for (dtype, name, direction), t in times.items():
             shape = next(s for s in plan.shapes if s.name == name)
             nbytes = shape.minimal_bytes(getattr(torch, dtype).itemsize)
+            copy_ms = t.pop(SAME_SIZE_COPY, None)
             row: dict[str, Any] = {
                 "shape": asdict(shape),
                 "dtype": dtype,
@@ -652,6 +688,9 @@ def _kernel_steps(plan: Plan, report: dict[str, Any]) -> list[Step]:
                 "gbs": {p: nbytes / ms / 1e6 for p, ms in t.items()},
                 "speedup": {p: ms / t["neuralops"] for p, ms in t.items() if p != "neuralops"},
             }
+            if copy_ms is not None:
+                row["same_size_copy_ms"] = copy_ms
+                row["pct_of_copy"] = 100 * copy_ms / t["neuralops"]
             if ceiling:
                 row["pct_of_ceiling"] = {p: 100 * nbytes / ms / 1e6 / ceiling for p, ms in t.items()}
             rows.append(row)
@@ -701,14 +740,13 @@ def _compiled_steps(plan: Plan, report: dict[str, Any]) -> list[Step]:
             a, b = inputs["kv"]
             fn = compiled(GRAPH_WORKLOADS[workload][provider], mode, plan.compile_backend)
             call = functools.partial(_compiled_call, fn, mode == "reduce-overhead", a, b, small.n_rep)
-            with compiled_form(provider):
-                for _ in range(3):  # compile, then (reduce-overhead) warm up and record the graph
-                    call()
+            for _ in range(3):  # compile, then (reduce-overhead) warm up and record the graph
+                call()
             candidates.append((f"{workload}/{mode}/{provider}", call))
 
         for workload in GRAPH_WORKLOADS:
             for mode in modes:
-                for provider in GRAPH_WORKLOADS[workload]:
+                for provider in graph_providers(workload, device):
                     steps.append(
                         Step(
                             f"compile {workload} {mode} {provider} (small)",
@@ -728,7 +766,7 @@ def _compiled_steps(plan: Plan, report: dict[str, Any]) -> list[Step]:
             rows = []
             for workload in GRAPH_WORKLOADS:
                 for mode in modes:
-                    keys = {p: f"{workload}/{mode}/{p}" for p in GRAPH_WORKLOADS[workload]}
+                    keys = {p: f"{workload}/{mode}/{p}" for p in graph_providers(workload, device)}
                     if all(k in medians for k in keys.values()):  # a failed compilation drops the row
                         rows.append(
                             {"workload": workload, "mode": mode, **{p: medians[k] for p, k in keys.items()}}
@@ -749,14 +787,13 @@ def _compiled_steps(plan: Plan, report: dict[str, Any]) -> list[Step]:
         fn = compiled(GRAPH_WORKLOADS[workload][provider], mode, plan.compile_backend)
         step = mode == "reduce-overhead"
         calls: list[Fn] = [functools.partial(_compiled_call, fn, step, a, b, shape.n_rep) for a, b in sets]
-        with compiled_form(provider):
-            if device == "cuda" and not step:
-                ms, timing = graph_ms(calls, effort), "graph_replay"
-            else:
-                for call in calls:  # compile, warm up, record
-                    call()
-                    call()
-                ms, timing = loop_ms(calls, device, effort), "loop"
+        if device == "cuda" and not step:
+            ms, timing = graph_ms(calls, effort), "graph_replay"
+        else:
+            for call in calls:  # compile, warm up, record
+                call()
+                call()
+            ms, timing = loop_ms(calls, device, effort), "loop"
         rows = section["gpu"]
         row = next(
             (
@@ -786,7 +823,7 @@ def _compiled_steps(plan: Plan, report: dict[str, Any]) -> list[Step]:
             continue
         for workload in GRAPH_WORKLOADS:
             for mode in modes:
-                for provider in GRAPH_WORKLOADS[workload]:
+                for provider in graph_providers(workload, device):
                     steps.append(
                         Step(
                             f"compiled {workload} {mode} {provider} {shape.name}",
@@ -984,17 +1021,14 @@ def sweep(
 ) -> dict[str, Any]:
     """Time every launch-settings candidate on every shape, forward and backward (CUDA only).
 
-    Each candidate's output is checked against ``repeat_interleave`` once, so a fast wrong
-    variant can't win. Knobs that ``launch_settings`` no longer has are left out.
+    Each candidate is a ``LaunchSettings`` value passed to the launchers (a name the settings
+    don't have is a ``TypeError``), and its output is checked against ``repeat_interleave``
+    once, so a fast wrong variant can't win.
     """
-    from csrc_free_ops import gqa_triton, launch_settings
+    from csrc_free_ops import gqa_triton
+    from csrc_free_ops.launch_settings import DEFAULT
 
-    grids = [
-        (direction, {n: vals for n, vals in grid.items() if hasattr(launch_settings, n)})
-        for direction, grid in (SWEEP_GRIDS[name] for name in which)
-    ]
-    names = {n for _, g in grids for n in g}
-    saved = {n: getattr(launch_settings, n) for n in names}
+    grids = [SWEEP_GRIDS[name] for name in which]
     total = sum(len(list(itertools.product(*g.values()))) for _, g in grids)
     progress = Progress(total)
     rows = []
@@ -1004,50 +1038,36 @@ def sweep(
         count = buffer_sets(2 * s.batch * heads * s.seq * s.dim * dtype.itemsize, "cuda")
         return [make_inputs(shape, dtype, "cuda") for _ in range(count)]
 
-    def clear_plans() -> None:
-        for plan_cache in ("_expand_plan", "_reduce_plan"):
-            cached = getattr(gqa_triton, plan_cache, None)
-            if cached is not None and hasattr(cached, "cache_clear"):
-                cached.cache_clear()
-
     inputs = {s.name: sets(s, s.kv_heads) for s in shapes}
     grads = {s.name: sets(s, s.heads) for s in shapes}
-    try:
-        for direction, grid in grids:
-            for values in itertools.product(*grid.values()):
-                setting = dict(zip(grid, values))
-                for n, val in setting.items():
-                    setattr(launch_settings, n, val)
-                clear_plans()
-                for s in shapes:
-                    n_rep = s.n_rep
-                    calls: list[Fn]
-                    if direction == "forward":
-                        k, v = inputs[s.name][0]
-                        out = gqa_triton.expand_forward(k, v, n_rep)
-                        ok = torch.equal(out[1], v.repeat_interleave(n_rep, 1))
-                        calls = [
-                            functools.partial(gqa_triton.expand_forward, k, v, n_rep)
-                            for k, v in inputs[s.name]
-                        ]
-                    else:
-                        gk, gv = grads[s.name][0]
-                        out = gqa_triton.reduce_backward(gk, gv, n_rep)
-                        ref = gv.float().unflatten(1, (s.kv_heads, n_rep)).sum(2)
-                        ok = torch.allclose(out[1].float(), ref, rtol=1e-2, atol=1e-2)
-                        calls = [
-                            functools.partial(gqa_triton.reduce_backward, *g, n_rep) for g in grads[s.name]
-                        ]
-                    ms = graph_ms(calls, effort)
-                    rows.append({"direction": direction, "shape": s.name, **setting, "ms": ms, "correct": ok})
-                    del out
-                progress.step(f"{direction} {values}")
-                for n, val in saved.items():
-                    setattr(launch_settings, n, val)
-    finally:
-        for n, val in saved.items():
-            setattr(launch_settings, n, val)
-        clear_plans()
+    for direction, grid in grids:
+        for values in itertools.product(*grid.values()):
+            setting = dict(zip(grid, values))
+            settings = replace(DEFAULT, **setting)
+            for s in shapes:
+                n_rep = s.n_rep
+                calls: list[Fn]
+                if direction == "forward":
+                    k, v = inputs[s.name][0]
+                    out = gqa_triton.expand_forward(k, v, n_rep, settings=settings)
+                    ok = torch.equal(out[1], v.repeat_interleave(n_rep, 1))
+                    calls = [
+                        functools.partial(gqa_triton.expand_forward, k, v, n_rep, settings=settings)
+                        for k, v in inputs[s.name]
+                    ]
+                else:
+                    gk, gv = grads[s.name][0]
+                    out = gqa_triton.reduce_backward(gk, gv, n_rep, settings=settings)
+                    ref = gv.float().unflatten(1, (s.kv_heads, n_rep)).sum(2)
+                    ok = torch.allclose(out[1].float(), ref, rtol=1e-2, atol=1e-2)
+                    calls = [
+                        functools.partial(gqa_triton.reduce_backward, *g, n_rep, settings=settings)
+                        for g in grads[s.name]
+                    ]
+                ms = graph_ms(calls, effort)
+                rows.append({"direction": direction, "shape": s.name, **setting, "ms": ms, "correct": ok})
+                del out
+            progress.step(f"{direction} {values}")
     return {
         "machine": machine_info("cuda"),
         "ceiling_gbs": copy_ceiling_gbs("cuda", effort),
@@ -1112,13 +1132,23 @@ def _parts_list(text: str) -> tuple[str, ...]:
     return parts
 
 
+def _positive_mb(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of MB") from None
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a positive number of MB, got {text}")
+    return value
+
+
 def _name_list(text: str) -> list[str]:
     return [n.strip() for n in text.split(",") if n.strip()]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m neuralops_gqa.bench",
+        prog="python -m benchmarks.bench",
         description=DESCRIPTION,
         epilog=_shapes_epilog(),
         formatter_class=_HelpFormatter,
@@ -1155,12 +1185,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-mb",
-        type=float,
+        type=_positive_mb,
         default=None,
         help=f"scale each shape's sequence (then batch) down until it moves at most this many MB "
         f"(default: no limit on CUDA, {CPU_MAX_MB:g} on a CPU)",
     )
     parser.add_argument("--no-backward", action="store_true", help="time the forward only")
+    parser.add_argument(
+        "--no-compiled-peers",
+        action="store_true",
+        help="leave torch.compile of repeat_kv out of the kernel tables (one compilation per shape saved)",
+    )
     parser.add_argument("--quick", action="store_true", help="few repetitions: a smoke test, rough figures")
     parser.add_argument(
         "--merge",
@@ -1223,9 +1258,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.check and args.render is None:
         parser.error("--check goes with --render")
     if args.render is not None:
-        from neuralops_gqa import bench_docs
+        from benchmarks import docs_blocks
 
-        return bench_docs.main(args.root, args.render, check=args.check)
+        missing = [str(p) for p in args.render if not p.is_file()]
+        if missing:
+            parser.error(f"--render: no such results file: {', '.join(missing)}")
+        if not (args.root / docs_blocks.RESULTS_PAGE).is_file():
+            parser.error(
+                f"--render rewrites the generated blocks of a checkout's README.md and docs/; "
+                f"{args.root.resolve()} has no {docs_blocks.RESULTS_PAGE} (pass --root)"
+            )
+        return docs_blocks.main(args.root, args.render, check=args.check)
     device = args.device
     if device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available here (use --device cpu)")
@@ -1235,6 +1278,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     shapes = select_shapes(parser, args.shapes, device, args.max_mb, args.dtypes)
     effort = QUICK if args.quick else FULL
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out} is a file; give a folder")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.sweep:
         which = tuple(args.sweep_grids.split(","))
@@ -1258,22 +1303,23 @@ def main(argv: list[str] | None = None) -> int:
         backward=not args.no_backward,
         effort=effort,
         compiled_shapes=tuple(args.compiled_shapes),
+        compiled_peers=not args.no_compiled_peers,
     )
-    command = ["python", "-m", "neuralops_gqa.bench", *(sys.argv[1:] if argv is None else argv)]
+    command = ["python", "-m", "benchmarks.bench", *(sys.argv[1:] if argv is None else argv)]
     report = run(plan, command=command)
     previous = args.out / "bench.json"
     if args.merge and previous.exists():
         report = merge_reports(json.loads(previous.read_text()), report)
-    markdown = bench_report.report_markdown(report)
+    text = markdown.report_markdown(report)
     (args.out / "bench.json").write_text(json.dumps(report, indent=1) + "\n")
-    (args.out / "bench.md").write_text(markdown)
+    (args.out / "bench.md").write_text(text)
     written = "bench.json, bench.md"
     try:
         plot(report, args.out / "bench.png")
         written += ", bench.png"
     except ImportError:
         print("matplotlib is not installed: no plot (pip install 'neuralops-gqa[bench]')", file=sys.stderr)
-    print(markdown)
+    print(text)
     print(f"wrote {written} in {args.out}")
     return 0
 

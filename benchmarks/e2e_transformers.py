@@ -1,6 +1,6 @@
 """End-to-end benchmark: one training step of a small Llama on stock and neuralops attention.
 
-``python -m neuralops_gqa.integrations.bench_transformers --out e2e.json``
+``python -m benchmarks.e2e_transformers --out e2e.json``
 
 A randomly initialised Llama (on CUDA by default 4 layers, hidden 2048, 16 query and 4 KV
 heads of dim 128, bfloat16; on CPU a tiny float32 one) takes a forward and backward step
@@ -14,7 +14,7 @@ peak memory of a step, and the loss (stock and ours must agree); and the speedup
 neuralops implementation over its stock counterpart. Writes JSON to ``--out``.
 
 This measures what the op changes in a whole model; the op alone is measured by
-``python -m neuralops_gqa.bench``.
+``python -m benchmarks.bench``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -184,34 +185,73 @@ def environment(device: str) -> dict[str, str]:
     }
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+IMPLEMENTATIONS = tuple(name for pair in PAIRS for name in pair)
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _implementations(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in IMPLEMENTATIONS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown implementation(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(IMPLEMENTATIONS)}"
+        )
+    return names
+
+
+def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Setup]:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.e2e_transformers", description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu"
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="where to run (default: the GPU if there is one); CUDA picks the large model, a CPU the tiny one",
     )
     parser.add_argument("--out", type=Path, default=Path("bench_transformers.json"), help="JSON report path")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per implementation")
-    parser.add_argument("--repeats", type=int, default=10, help="timed steps per implementation")
+    parser.add_argument("--warmup", type=_count(0), default=3, help="untimed steps per implementation")
+    parser.add_argument("--repeats", type=_count(1), default=10, help="timed steps per implementation")
     parser.add_argument(
         "--implementations",
-        default=",".join(name for pair in PAIRS for name in pair),
-        help="comma-separated attn_implementation names, e.g. sdpa,neuralops_sdpa",
+        type=_implementations,
+        default=",".join(IMPLEMENTATIONS),
+        help=f"comma-separated attn_implementation names (from {', '.join(IMPLEMENTATIONS)})",
     )
     for field in ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "batch", "seq"):
         parser.add_argument(
-            f"--{field.replace('_', '-')}", type=int, help=f"override the device's default {field}"
+            f"--{field.replace('_', '-')}", type=_count(1), help=f"override the device's default {field}"
         )
     parser.add_argument(
         "--dtype", choices=("bfloat16", "float16", "float32"), help="override the device's default"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.out.is_dir():
+        parser.error(f"--out {args.out} is a folder; give the JSON file's path")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available here (use --device cpu)")
+    base = asdict(CUDA_SETUP if args.device == "cuda" else CPU_SETUP)
+    setup = Setup(**{k: v if getattr(args, k) is None else getattr(args, k) for k, v in base.items()})
+    if setup.heads % setup.kv_heads:
+        parser.error(f"--heads ({setup.heads}) must be a multiple of --kv-heads ({setup.kv_heads})")
+    if setup.hidden % setup.heads:
+        parser.error(f"--hidden ({setup.hidden}) must be a multiple of --heads ({setup.heads})")
+    return args, setup
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
-    base = asdict(CUDA_SETUP if args.device == "cuda" else CPU_SETUP)
-    setup = Setup(**{k: v if getattr(args, k) is None else getattr(args, k) for k, v in base.items()})
-    implementations = args.implementations.split(",")
+    args, setup = _parse(argv)
+    implementations = args.implementations
     env = environment(args.device)
     print(", ".join(f"{k} {v}" for k, v in env.items()))
     print(f"Llama {setup}, left-padded batch, forward + backward")

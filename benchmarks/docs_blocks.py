@@ -1,6 +1,6 @@
 """Rewrite the generated blocks of README.md and docs/ from the committed benchmark JSON.
 
-``python -m neuralops_gqa.bench --render`` (``--check`` only compares). A page holds a block
+``python -m benchmarks.bench --render`` (``--check`` only compares). A page holds a block
 as::
 
     <!-- generated: NAME [GPU] -->
@@ -12,8 +12,8 @@ where GPU names ``docs/benchmarks/<GPU>.json``. A block may also sit inside a se
 else on the page is left as written. Every ``docs/benchmarks/<gpu>.json`` must be rendered
 by a ``results <gpu>`` block in docs/benchmarks.md, so a new GPU's run can't go unshown.
 
-Not for: running benchmarks (:mod:`neuralops_gqa.bench`) or formatting tables
-(:mod:`neuralops_gqa.bench_report`).
+Not for: running benchmarks (:mod:`benchmarks.bench`) or formatting tables
+(:mod:`benchmarks.markdown`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from neuralops_gqa import bench_report
-from neuralops_gqa.bench_report import Report
+from benchmarks import markdown
+from benchmarks.markdown import Report
 
 MARKER = re.compile(r"<!-- generated: (?P<spec>[^>]*?) -->(?P<body>.*?)<!-- end generated -->", re.S)
 RESULTS_PAGE = Path("docs/benchmarks.md")
@@ -70,17 +70,17 @@ def _results(report: Report, path: Path, page: Path) -> str:
     png = path.with_suffix(".png")
     image = _link(png, page) if png.exists() else None
     text = f"Raw numbers: [`{_link(path, page)}`]({_link(path, page)}).\n\n"
-    return text + bench_report.results_markdown(report, level=3, image=image)
+    return text + markdown.results_markdown(report, level=3, image=image)
 
 
 def _index_performance(report: Report, path: Path, page: Path) -> str:
-    dtype = bench_report.lead_dtype(report)
-    ranges = bench_report.kernel_ranges(report, dtype) if dtype else {}
+    dtype = markdown.lead_dtype(report)
+    ranges = markdown.kernel_ranges(report, dtype) if dtype else {}
     if "forward" not in ranges:
-        return f"No kernel figures in the {bench_report.where(report)} run."
+        return f"No kernel figures in the {markdown.where(report)} run."
     f, b = ranges["forward"], ranges.get("backward", {})
     lines = [
-        f"On one {bench_report.where(report)}, {dtype}, over the shapes that move at least 64 MB "
+        f"On one {markdown.where(report)}, {dtype}, over the shapes that move at least 64 MB "
         f"(measured against a {report['ceiling_gbs']:.0f} GB/s copy ceiling in the same run):",
         "",
         f"- **{f['geomean']}%** of the copy ceiling forward"
@@ -98,7 +98,7 @@ def _index_performance(report: Report, path: Path, page: Path) -> str:
     if b and "compiled_hf" in b["x"]:
         line += f"; backward {b['x']['compiled_hf']} compiled autograd's kernels"
     lines.append(line + ".")
-    host = bench_report.eager_host_sentence(report)
+    host = markdown.eager_host_sentence(report)
     lines += ["", host[0].upper() + host[1:] + "."]
     return "\n".join(lines)
 
@@ -109,7 +109,7 @@ def _readme_all(args: list[str], reports: dict[str, tuple[Report, Path]], page: 
     if not reports:
         return "No benchmark results are committed yet."
     link = _link(page.parent / RESULTS_PAGE, page) if page.name == "README.md" else "benchmarks.md"
-    return "\n\n".join(bench_report.readme_paragraph(report, link) for report, _ in reports.values())
+    return "\n\n".join(markdown.readme_paragraph(report, link) for report, _ in reports.values())
 
 
 def _raw_json(args: list[str], page: Path) -> Any:
@@ -123,11 +123,11 @@ def _raw_json(args: list[str], page: Path) -> Any:
 
 
 def _e2e(args: list[str], reports: dict[str, tuple[Report, Path]], page: Path) -> str:
-    return bench_report.e2e_markdown(_raw_json(args, page))
+    return markdown.e2e_markdown(_raw_json(args, page))
 
 
 def _variants(args: list[str], reports: dict[str, tuple[Report, Path]], page: Path) -> str:
-    return bench_report.variants_markdown(_raw_json(args, page))
+    return markdown.variants_markdown(_raw_json(args, page))
 
 
 def _private_switch(args: list[str], reports: dict[str, tuple[Report, Path]], page: Path) -> str:
@@ -149,17 +149,17 @@ BLOCKS: dict[str, Callable[[list[str], dict[str, tuple[Report, Path]], Path], st
     # README.md "## Performance": one paragraph per committed GPU.
     "performance-summary": _readme_all,
     # docs/design.md "## Results".
-    "design-results": _one_gpu(lambda r, _p, _g: bench_report.design_results(r)),
+    "design-results": _one_gpu(lambda r, _p, _g: markdown.design_results(r)),
     # docs/index.md "## Performance".
     "index-performance": _one_gpu(_index_performance),
     # In-sentence figures for the usage pages and the introductions.
-    "eager-host": _one_gpu(lambda r, _p, _g: bench_report.eager_host_sentence(r)),
-    "compiled-host": _one_gpu(lambda r, _p, _g: bench_report.compiled_host_sentence(r)),
-    "compiled-choice": _one_gpu(lambda r, _p, _g: bench_report.compiled_choice(r)),
-    "eager-peer-range": _one_gpu(lambda r, _p, _g: bench_report.eager_peer_range(r)),
+    "eager-host": _one_gpu(lambda r, _p, _g: markdown.eager_host_sentence(r)),
+    "compiled-host": _one_gpu(lambda r, _p, _g: markdown.compiled_host_sentence(r)),
+    "compiled-choice": _one_gpu(lambda r, _p, _g: markdown.compiled_choice(r)),
+    "eager-peer-range": _one_gpu(lambda r, _p, _g: markdown.eager_peer_range(r)),
     "copy-ceiling": _one_gpu(lambda r, _p, _g: f"{r['ceiling_gbs']:.0f} GB/s"),
     # docs/benchmarks.md: the end-to-end training step and the launch-settings variants,
-    # from their own JSON files (python -m neuralops_gqa.integrations.bench_transformers,
+    # from their own JSON files (python -m benchmarks.e2e_transformers,
     # and the hint runs).
     "e2e": _e2e,
     "variants": _variants,
@@ -242,7 +242,7 @@ def main(root: Path, jsons: list[Path] | None = None, check: bool = False) -> in
             print(f"rewrote {page}")
     if check and stale:
         print(
-            f"{len(stale)} page(s) differ from the committed JSON: run python -m neuralops_gqa.bench --render",
+            f"{len(stale)} page(s) differ from the committed JSON: run python -m benchmarks.bench --render",
             file=sys.stderr,
         )
         return 1

@@ -1,0 +1,85 @@
+"""The one validation of both ops' arguments, shared by every implementation and the fakes.
+
+Eager calls, traces under ``torch.compile``/``torch.export`` (the fake implementations),
+the traced bodies and the DTensor and vmap rules all call ``check_inputs``, so a bad
+argument fails with the same message wherever it is caught, e.g.
+``gqa_expand: num_heads (30) must be a multiple of num_kv_heads (4)``.
+
+Each rule is written once, as ``_require(condition, message template, values...)``. With
+plain values (an eager call, a hot path) a rule costs its comparison: the message is
+formatted only when it fails. With symbolic sizes (a dynamic-shape trace) an undecided
+condition goes through ``torch._check_with``, so it becomes a guard or a runtime assert
+rather than a specialisation, and messages show the sizes of the example the trace was
+started with, not symbols.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from csrc_free_ops import private_internals
+
+REDUCE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+"""The gradients' dtypes: ``gqa_reduce`` sums in float32 (float64 for float64)."""
+
+_DIMS = ((0, "batch"), (1, "head"), (2, "sequence"))
+
+
+def _shown(value: object) -> object:
+    """A size as the user gave it: a symbolic size's example value, a shape's sizes as ints."""
+    if isinstance(value, torch.SymInt):
+        example = private_internals.symbolic_example_value(value)
+        return value if example is None else example
+    if isinstance(value, tuple):  # torch.Size too
+        return tuple(_shown(v) for v in value)
+    return value
+
+
+def _require(cond: object, template: str, *values: object, error: type[Exception] = ValueError) -> None:
+    """Raise ``error(template.format(*values))`` unless ``cond`` holds.
+
+    A settled condition (a bool, a numpy bool) raises plainly; a symbolic one goes through
+    ``torch._check_with`` (a ``ValueError`` or ``RuntimeError`` under ``torch.export``; dynamo
+    wraps it in a ``RuntimeError`` subclass that carries the message).
+    """
+    if not isinstance(cond, torch.SymBool):
+        if cond:
+            return
+        raise error(template.format(*(_shown(v) for v in values)))
+    message = template.format(*(_shown(v) for v in values))
+    torch._check_with(error, cond, lambda: message)
+
+
+def check_inputs(
+    op: str, names: tuple[str, str], a: Tensor, b: Tensor, num_kv_heads: int, num_heads: int
+) -> None:
+    """Raise a ``TypeError``/``ValueError``/``RuntimeError`` naming the argument if the op can't run.
+
+    ``a`` and ``b`` are ``(k, v)`` for ``gqa_expand`` (head dim ``num_kv_heads``) and
+    ``(grad_k, grad_v)`` for ``gqa_reduce`` (head dim ``num_heads``).
+    """
+    reduce = op == "gqa_reduce"
+    for name, x in ((names[0], a), (names[1], b)):
+        if not isinstance(x, Tensor):  # the schema lets None through as an undefined tensor
+            raise TypeError(f"{op}: {name} must be a Tensor, got {type(x).__name__}")
+        _require(x.dim() == 4, "{}: {} must be 4-D [B, H, N, D], got shape {}", op, name, x.shape)
+        _require(x.layout == torch.strided and not x.is_quantized,
+                 "{}: {} must be a dense tensor, got layout {} and dtype {}", op, name, x.layout, x.dtype)  # fmt: skip
+        if reduce:
+            _require(x.dtype in REDUCE_DTYPES,
+                     "{}: {} must be float16, bfloat16, float32 or float64, got {}", op, name, x.dtype)  # fmt: skip
+        else:
+            _require(not x.dtype.is_complex, "{}: {} must have a real dtype, got {}", op, name, x.dtype)
+    _require(a.device == b.device, "{}: {} and {} must be on one device, got {} and {}",
+             op, *names, a.device, b.device, error=RuntimeError)  # fmt: skip
+    _require(num_kv_heads > 0, "{}: num_kv_heads must be positive, got {}", op, num_kv_heads)
+    _require(num_heads > 0, "{}: num_heads must be positive, got {}", op, num_heads)
+    _require(num_heads % num_kv_heads == 0,
+             "{}: num_heads ({}) must be a multiple of num_kv_heads ({})", op, num_heads, num_kv_heads)  # fmt: skip
+    head_arg, heads = ("num_heads", num_heads) if reduce else ("num_kv_heads", num_kv_heads)
+    shape_a, shape_b = a.shape, b.shape
+    _require(shape_a[1] == heads, "{}: {}.shape[1] ({}) must equal {} ({})", op, names[0], shape_a[1], head_arg, heads)
+    for dim, what in _DIMS:
+        _require(shape_a[dim] == shape_b[dim], "{}: {} and {} must agree in the {} dim {}, got {} {} and {} {}",
+                 op, names[0], names[1], what, dim, names[0], shape_a, names[1], shape_b)  # fmt: skip
