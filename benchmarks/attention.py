@@ -115,7 +115,13 @@ def median_ms(fn: Callable[[], object], device: str, warmup_ms: int, rep_ms: int
 
 
 def measure(
-    case: Case, consumer: str, expansion: str, mode: str, dtype: torch.dtype, device: str, effort: tuple[int, int]
+    case: Case,
+    consumer: str,
+    expansion: str,
+    mode: str,
+    dtype: torch.dtype,
+    device: str,
+    effort: tuple[int, int],
 ) -> dict[str, float]:
     fn = block(consumer, expansion)
     if mode == "compiled":
@@ -132,7 +138,10 @@ def measure(
         torch.autograd.grad(fn(q, k, v), (q, k, v), grad)
 
     forward_backward()  # compiles the backward too
-    return {"forward_ms": median_ms(forward, device, *effort), "forward_backward_ms": median_ms(forward_backward, device, *effort)}
+    return {
+        "forward_ms": median_ms(forward, device, *effort),
+        "forward_backward_ms": median_ms(forward_backward, device, *effort),
+    }
 
 
 def cases_to_run(consumers: list[str], expansions: list[str]) -> list[tuple[str, str]]:
@@ -143,11 +152,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     dtype = getattr(torch, args.dtype)
     rows = []
     selected = [c for c in CASES if c.name in args.cases]
-    todo = [(case, c, e, m) for case in selected for c, e in cases_to_run(args.consumers, args.expansions) for m in args.modes]
+    todo = [
+        (case, c, e, m)
+        for case in selected
+        for c, e in cases_to_run(args.consumers, args.expansions)
+        for m in args.modes
+    ]
     start = time.perf_counter()
     for i, (case, consumer, expansion, mode) in enumerate(todo):
         times = measure(case, consumer, expansion, mode, dtype, args.device, (args.warmup_ms, args.rep_ms))
-        rows.append({"case": asdict(case), "consumer": consumer, "expansion": expansion, "mode": mode, **times})
+        rows.append(
+            {"case": asdict(case), "consumer": consumer, "expansion": expansion, "mode": mode, **times}
+        )
         print(f"  [{i + 1}/{len(todo)} {time.perf_counter() - start:4.0f}s] {case.name:12s} {consumer:6s} {mode:9s} "
               f"{expansion:20s} fwd {times['forward_ms']:8.3f} ms  fwd+bwd {times['forward_backward_ms']:8.3f} ms",
               file=sys.stderr, flush=True)  # fmt: skip
@@ -195,7 +211,9 @@ def _names(known: tuple[str, ...]) -> Callable[[str], list[str]]:
         names = [n.strip() for n in text.split(",") if n.strip()]
         unknown = [n for n in names if n not in known]
         if unknown or not names:
-            raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown) or '(none)'}; choose from {', '.join(known)}")
+            raise argparse.ArgumentTypeError(
+                f"unknown {', '.join(unknown) or '(none)'}; choose from {', '.join(known)}"
+            )
         return names
 
     return parse
@@ -212,24 +230,49 @@ def _positive(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.attention", description=__doc__.split("\n\n")[1])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.attention", description=__doc__.split("\n\n")[1]
+    )
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu",
                         help="where to run (default: the GPU if there is one)")  # fmt: skip
-    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16", help="dtype of q, k, v")
+    parser.add_argument(
+        "--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16", help="dtype of q, k, v"
+    )
     parser.add_argument("--cases", type=_names(tuple(c.name for c in CASES)), default=[c.name for c in CASES],
                         help=", ".join(f"{c.name} (B={c.batch}, {c.kv_heads}->{c.heads}, N={c.seq}, D={c.dim})" for c in CASES))  # fmt: skip
     parser.add_argument("--consumers", type=_names(CONSUMERS), default=list(CONSUMERS), help="sdpa, eager")
-    parser.add_argument("--expansions", type=_names(EXPANSIONS), default=list(EXPANSIONS), help=", ".join(EXPANSIONS))
-    parser.add_argument("--modes", type=_names(("eager", "compiled")), default=["eager", "compiled"], help="eager, compiled")
+    parser.add_argument(
+        "--expansions", type=_names(EXPANSIONS), default=list(EXPANSIONS), help=", ".join(EXPANSIONS)
+    )
+    parser.add_argument(
+        "--modes", type=_names(("eager", "compiled")), default=["eager", "compiled"], help="eager, compiled"
+    )
     parser.add_argument("--warmup-ms", type=_positive, default=25, help="do_bench warm-up")
     parser.add_argument("--rep-ms", type=_positive, default=100, help="do_bench repetitions")
-    parser.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for attention.json and .md")
+    parser.add_argument(
+        "--out", type=Path, default=Path("bench-out"), help="folder for attention.json and .md"
+    )
+    parser.add_argument("--combine", type=Path, nargs="+", default=None, metavar="JSON",
+                        help="write one report from these attention.json files (same machine) and exit")  # fmt: skip
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available() and not args.combine:
         parser.error("--device cuda: no CUDA device is available here (use --device cpu)")
     if args.out.exists() and not args.out.is_dir():
         parser.error(f"--out {args.out} is a file; give a folder")
-    report = run(args)
+    if args.combine:
+        missing = [str(p) for p in args.combine if not p.is_file()]
+        if missing:
+            parser.error(f"--combine: no such file: {', '.join(missing)}")
+        reports = [json.loads(p.read_text()) for p in args.combine]
+        if len({json.dumps(r["machine"], sort_keys=True) for r in reports}) != 1:
+            parser.error("--combine: the reports come from different machines")
+        report = {
+            **reports[0],
+            "command": [r["command"] for r in reports],
+            "rows": [x for r in reports for x in r["rows"]],
+        }
+    else:
+        report = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "attention.json").write_text(json.dumps(report, indent=1) + "\n")
     text = markdown(report)

@@ -40,7 +40,7 @@ import neuralops_gqa
 from benchmarks import markdown
 
 # Re-exported: ``python -m neuralops_gqa`` imports it from here.
-from neuralops_gqa.selfcheck import hf_repeat_kv
+from neuralops_gqa.selfcheck import DTYPES, hf_repeat_kv
 
 Fn = Callable[[], object]
 Pair = Callable[[Tensor, Tensor], object]
@@ -66,8 +66,7 @@ class Shape:
         return 2 * (1 + self.n_rep) * self.batch * self.kv_heads * self.seq * self.dim * itemsize
 
     def describe(self) -> str:
-        view = ", BNHD view" if self.bnhd else ""
-        return f"{self.batch}, {self.kv_heads}->{self.heads}, {self.seq}, {self.dim}{view}"
+        return markdown.describe(asdict(self))
 
     def scaled(self, max_bytes: int, itemsize: int) -> Shape:
         """The same heads and head dim with the sequence (then the batch) halved until the
@@ -118,22 +117,8 @@ CPU_MAX_MB = 32.0
 COMPILED_SHAPES = ("llama3-8b", "mqa", "gemma2")
 PARTS = ("kernels", "host", "compiled", "memory")
 
-DTYPE_ALIASES: dict[str, torch.dtype] = {
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "f16": torch.float16,
-    "half": torch.float16,
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "f32": torch.float32,
-    "float": torch.float32,
-    "float64": torch.float64,
-    "fp64": torch.float64,
-    "f64": torch.float64,
-    "double": torch.float64,
-}
+# The names --dtypes accepts: the self-check's table, PyTorch's names and the short forms.
+DTYPE_ALIASES = DTYPES
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -219,13 +204,15 @@ def kernel_form_op() -> Callable[[Tensor, Tensor, int, int], tuple[Tensor, Tenso
 
     @torch.library.triton_op("neuralops_bench::gqa_expand_kernel", mutates_args=())
     def gqa_expand_kernel(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
-        return gqa_triton.expand_forward(k, v, num_heads // num_kv_heads, traced=True)  # type: ignore[no-any-return]
+        return gqa_triton.expand_forward(k, v, num_heads // num_kv_heads, traced=True)
 
     @gqa_expand_kernel.register_fake  # type: ignore[untyped-decorator]
     def _(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
         return torch.ops.neuralops.gqa_expand.default(k, v, num_kv_heads, num_heads)  # type: ignore[no-any-return]
 
-    op: Callable[[Tensor, Tensor, int, int], tuple[Tensor, Tensor]] = torch.ops.neuralops_bench.gqa_expand_kernel
+    op: Callable[[Tensor, Tensor, int, int], tuple[Tensor, Tensor]] = (
+        torch.ops.neuralops_bench.gqa_expand_kernel
+    )
     return op
 
 
@@ -404,7 +391,10 @@ def same_size_copies(nbytes: int, device: str) -> list[Fn]:
     several times the L2: the limit a job of that size can reach, timed beside it."""
     half = nbytes // 2
     pairs = [
-        (torch.empty(half, dtype=torch.uint8, device=device), torch.empty(half, dtype=torch.uint8, device=device))
+        (
+            torch.empty(half, dtype=torch.uint8, device=device),
+            torch.empty(half, dtype=torch.uint8, device=device),
+        )
         for _ in range(max(2, buffer_sets(half, device)))
     ]
     return [functools.partial(dst.copy_, src) for src, dst in pairs]

@@ -130,6 +130,22 @@ def _variants(args: list[str], reports: dict[str, tuple[Report, Path]], page: Pa
     return markdown.variants_markdown(_raw_json(args, page))
 
 
+def _users_shapes(args: list[str], reports: dict[str, tuple[Report, Path]], page: Path) -> str:
+    return markdown.users_shapes_markdown(_raw_json(args, page))
+
+
+def _attention(args: list[str], reports: dict[str, tuple[Report, Path]], page: Path) -> str:
+    return markdown.attention_markdown(_raw_json(args, page))
+
+
+def _rules_change(args: list[str], reports: dict[str, tuple[Report, Path]], page: Path) -> str:
+    if len(args) != 2:
+        raise RenderError(
+            "needs two file names from docs/benchmarks/: the current sweep, then the previous rules'"
+        )
+    return markdown.rules_change_markdown(_raw_json(args[:1], page), _raw_json(args[1:], page))
+
+
 def _private_switch(args: list[str], reports: dict[str, tuple[Report, Path]], page: Path) -> str:
     """Host cost of an eager call with the private fast paths on and off (two raw runs)."""
     if len(args) != 2:
@@ -163,6 +179,10 @@ BLOCKS: dict[str, Callable[[list[str], dict[str, tuple[Report, Path]], Path], st
     # and the hint runs).
     "e2e": _e2e,
     "variants": _variants,
+    # docs/benchmarks.md: the sweep of users' shapes and the attention blocks.
+    "users-shapes": _users_shapes,
+    "attention": _attention,
+    "rules-change": _rules_change,
     # docs/usage/limitations.md: what NEURALOPS_GQA_PRIVATE_INTERNALS=0 costs.
     "private-switch": _private_switch,
 }

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -33,7 +32,7 @@ from typing import Any, cast
 import torch
 import transformers
 
-import neuralops_gqa
+from benchmarks.bench import machine_info
 from neuralops_gqa.integrations import transformers as neuralops_transformers
 
 PAIRS = (("sdpa", "neuralops_sdpa"), ("eager", "neuralops_eager"))
@@ -166,22 +165,16 @@ def speedups(results: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def environment(device: str) -> dict[str, str]:
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = "not installed"
+    """The benchmark's machine information, as this report names it, with transformers' version."""
+    info = machine_info(device)
     return {
-        "device": torch.cuda.get_device_name()
-        if device == "cuda"
-        else platform.processor() or platform.machine(),
-        "torch": torch.__version__,
+        "device": info.get("gpu", info["cpu"]),
+        "torch": info["torch"],
         "cuda": str(torch.version.cuda),
-        "triton": triton_version,
+        "triton": info["triton"],
         "transformers": transformers.__version__,
-        "neuralops_gqa": neuralops_gqa.__version__,
-        "python": platform.python_version(),
+        "neuralops_gqa": info["neuralops_gqa"],
+        "python": info["python"],
     }
 
 
@@ -212,7 +205,9 @@ def _implementations(text: str) -> list[str]:
 
 
 def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Setup]:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.e2e_transformers", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.e2e_transformers", description=__doc__.splitlines()[0]
+    )
     parser.add_argument(
         "--device",
         choices=("cuda", "cpu"),

@@ -12,6 +12,7 @@ as meeting a target it missed (92.98% shows as 92.9).
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,7 +113,7 @@ def kernel_table(report: Report, dtype: str) -> str:
             r["direction"],
             _mb(r["bytes"]),
             f"{r['median_ms']['neuralops']:.4f}",
-            f"{r['gbs']['neuralops']:.0f}",
+            _gbs(r["gbs"]["neuralops"]),
         ]
         if gpu:
             cols.append(f"**{floor1(r['pct_of_ceiling']['neuralops'])}**")
@@ -222,7 +223,7 @@ def _target_misses(report: Report) -> dict[str, Any]:
     rows = report.get("results", [])
     copy_rows = [r for r in rows if "pct_of_copy" in r and r["bytes"] >= COPY_MIN_BYTES]
     big = [r for r in rows if r["bytes"] >= CEILING_MIN_BYTES]
-    geomeans = {}
+    geomeans: dict[tuple[str, str], list[float]] = {}
     for r in copy_rows:
         geomeans.setdefault((r["dtype"], r["direction"]), []).append(r["pct_of_copy"])
     return {
@@ -252,17 +253,25 @@ def targets_paragraph(report: Report) -> str:
         parts.append("the same-size copy was not timed in this run;")
     elif m["under_copy"]:
         missed = "; ".join(f"{_row_name(r)} {floor1(r['pct_of_copy'])}%" for r in m["under_copy"])
-        parts.append(f"{len(m['under_copy'])} of {len(m['copy_rows'])} rows under the same-size copy floor ({missed});")
+        parts.append(
+            f"{len(m['under_copy'])} of {len(m['copy_rows'])} rows under the same-size copy floor ({missed});"
+        )
     else:
         parts.append(f"all {len(m['copy_rows'])} rows at or above the same-size copy floor;")
     if m["geomeans"]:
         geo = "; ".join(f"{d} {direction} {floor1(g)}%" for (d, direction), g in m["geomeans"].items())
         parts.append(f"geometric means of the percent of the copy: {geo};")
     if m["under_ceiling"]:
-        missed = "; ".join(f"{_row_name(r)} {floor1(r['pct_of_ceiling']['neuralops'])}%" for r in m["under_ceiling"])
-        parts.append(f"{len(m['under_ceiling'])} of {len(m['big'])} rows >= {CEILING_MIN_BYTES >> 20} MB under the ceiling floor ({missed});")
+        missed = "; ".join(
+            f"{_row_name(r)} {floor1(r['pct_of_ceiling']['neuralops'])}%" for r in m["under_ceiling"]
+        )
+        parts.append(
+            f"{len(m['under_ceiling'])} of {len(m['big'])} rows >= {CEILING_MIN_BYTES >> 20} MB under the ceiling floor ({missed});"
+        )
     elif m["big"]:
-        parts.append(f"all {len(m['big'])} rows >= {CEILING_MIN_BYTES >> 20} MB at or above the ceiling floor;")
+        parts.append(
+            f"all {len(m['big'])} rows >= {CEILING_MIN_BYTES >> 20} MB at or above the ceiling floor;"
+        )
     slower = _slower_rows(report)
     if slower:
         parts.append(f"a peer is faster on {len(slower)} rows ({'; '.join(slower)}).")
@@ -317,17 +326,19 @@ def compiled_section(report: Report) -> str:
     dtype = section.get("dtype", "")
     if host and host.get("rows"):
         s = host["shape"]
+        kernel = any("neuralops_kernel" in r for r in host["rows"])  # our kernel's form: CUDA only
         out += [
             f"Small shape ({describe(s)}, {dtype}), wall clock per call, us (host-bound):",
             "",
-            "| workload | mode | neuralops | compiled `repeat_kv` | speedup | with our kernel |",
-            "|---|---|---|---|---|---|",
+            "| workload | mode | neuralops | compiled `repeat_kv` | speedup |"
+            + (" with our kernel |" if kernel else ""),
+            "|---|---|---|---|---|" + ("---|" if kernel else ""),
         ]
         for r in host["rows"]:
             out.append(
                 f"| {WORKLOADS.get(r['workload'], r['workload'])} | `{r['mode']}` | {r['neuralops']:.1f} | "
-                f"{r['compiled_hf']:.1f} | {_ratio(r['neuralops'], r['compiled_hf'])} | "
-                f"{_kernel_cell(r, r.get('neuralops_kernel'), 1)} |"
+                f"{r['compiled_hf']:.1f} | {_ratio(r['neuralops'], r['compiled_hf'])} |"
+                + (f" {_kernel_cell(r, r.get('neuralops_kernel'), 1)} |" if kernel else "")
             )
         out.append("")
     gpu_rows = section.get("gpu") or []
@@ -340,12 +351,13 @@ def compiled_section(report: Report) -> str:
             if report.get("device") == "cuda"
             else "wall clock of a loop of calls"
         )
+        kernel = any("neuralops_kernel" in r["median_ms"] for r in gpu_rows)
         out += [
             f"Larger shapes ({dtype}), ms per call, {how}:",
             "",
-            "| shape | workload | mode | MB | neuralops ms | % ceiling | compiled `repeat_kv` ms | speedup "
-            "| with our kernel, ms |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| shape | workload | mode | MB | neuralops ms | % ceiling | compiled `repeat_kv` ms | speedup |"
+            + (" with our kernel, ms |" if kernel else ""),
+            "|---|---|---|---|---|---|---|---|" + ("---|" if kernel else ""),
         ]
         for r in gpu_rows:
             ms = r["median_ms"]
@@ -355,7 +367,8 @@ def compiled_section(report: Report) -> str:
             out.append(
                 f"| {r['shape']['name']} | {WORKLOADS.get(r['workload'], r['workload'])} | `{r['mode']}` | "
                 f"{_mb(r['bytes'])} | {ms['neuralops']:.4f} | {pct} | {ms['compiled_hf']:.4f} | "
-                f"{_ratio(ms['neuralops'], ms['compiled_hf'])} | {_kernel_cell(ms, ms.get('neuralops_kernel'), 4)} |"
+                f"{_ratio(ms['neuralops'], ms['compiled_hf'])} |"
+                + (f" {_kernel_cell(ms, ms.get('neuralops_kernel'), 4)} |" if kernel else "")
             )
         out.append("")
     if not out:
@@ -437,6 +450,11 @@ def missing_paragraph(report: Report) -> str:
     """The parts a partial run didn't measure."""
     skipped = [p for p in ("kernels", "host", "compiled", "memory") if p not in report.get("parts", [])]
     return f"Parts not measured in this run: {', '.join(skipped)}.\n" if skipped else ""
+
+
+def _gbs(value: float) -> str:
+    """GB/s with three significant figures at least (a CPU's small figures keep their decimals)."""
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
 
 
 def _mb(nbytes: int) -> str:
@@ -665,7 +683,9 @@ def targets_summary(report: Report) -> str:
             f"{COPY_FLOOR_PCT:g}% of a same-size copy (lowest: {floor1(worst['pct_of_copy'])}%, {_row_name(worst)})"
         )
         met = sum(g >= COPY_GEOMEAN_PCT for g in m["geomeans"].values())
-        parts.append(f"geometric mean >= {COPY_GEOMEAN_PCT:g}% of the copy in {met} of {len(m['geomeans'])} dtype/direction pairs")
+        parts.append(
+            f"geometric mean >= {COPY_GEOMEAN_PCT:g}% of the copy in {met} of {len(m['geomeans'])} dtype/direction pairs"
+        )
     if m["big"]:
         parts.append(
             f"{len(m['under_ceiling'])} of {len(m['big'])} rows >= {CEILING_MIN_BYTES >> 20} MB under "
@@ -740,3 +760,109 @@ def variants_markdown(data: dict[str, Any], dtype: str = "bfloat16") -> str:
                     cells.append(cell if ok else cell + " (wrong)")
                 out.append(f"| `{variant}` | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
+
+
+# The users'-shapes sweep and the attention blocks ------------------------------------------
+
+
+def users_shapes_markdown(data: dict[str, Any]) -> str:
+    """The sweep of users' shapes (``benchmarks.users_shapes``): the targets per dtype and
+    direction, then every point under the same-size copy floor."""
+    machine = data["machine"]
+    runs = data["runs"]
+    lines = [
+        f"{machine.get('gpu', 'a GPU')} (driver {machine.get('driver', '?')}), torch {machine['torch']}, triton "
+        f"{machine['triton']}; {len(data['rows'])} points in {len(runs)} run(s): "
+        + "; ".join(f"`{' '.join(r['command'][2:])}` ({r['repeats']} process(es) per point)" for r in runs)
+        + f". Copy ceiling (1 GiB) {data['ceiling_gbs']:.0f} GB/s.",
+        "",
+        f"| dtype | direction | points >= {MIN_MB_USERS:g} MB | under {COPY_FLOOR_PCT:g}% of the same-size copy "
+        "(worst repetition) | lowest | geomean % of copy | cliffs | slower than HF | >= 256 MB under 95% of the ceiling |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, t in data["targets"].items():
+        dtype, direction = name.split()
+        ceiling = (
+            f"{t['under_95_ceiling_256mb']} of {t['points_256mb']} (lowest {floor1(t['lowest_ceiling_256mb'])}%)"
+            if t["points_256mb"]
+            else "-"
+        )
+        lines.append(
+            f"| {dtype} | {direction} | {t['points']} | {t['under_95_worst']} | {floor1(t['lowest_worst'])}% | "
+            f"{floor1(t['geomean_median'])}% | {t['cliffs']} | {t['slower_than_hf']} | {ceiling} |"
+        )
+    low = sorted(
+        (
+            r
+            for r in data["rows"]
+            if r["bytes"] >= MIN_MB_USERS * 2**20 and r["pct_of_copy"]["worst"] < COPY_FLOOR_PCT
+        ),
+        key=lambda r: r["pct_of_copy"]["worst"],
+    )
+    if low:
+        shown = low[:12]
+        lines += [
+            "",
+            f"The {len(shown)} lowest of the {len(low)} points under the floor (worst and median repetition, % of the copy):",
+            "",
+        ]
+        lines.append(
+            "; ".join(
+                f"{r['dtype']} {r['direction']} {r['config']} B={r['batch']} N={r['seq']}"
+                f"{' BNHD' if r['layout'] == 'bnhd' else ''}: {floor1(r['pct_of_copy']['worst'])}/"
+                f"{floor1(r['pct_of_copy']['median'])}"
+                for r in shown
+            )
+            + "."
+        )
+    return "\n".join(lines) + "\n"
+
+
+MIN_MB_USERS = 32.0  # as benchmarks.users_shapes.MIN_MB
+
+
+def attention_markdown(data: dict[str, Any]) -> str:
+    """The attention blocks (``benchmarks.attention``), one table per case."""
+    from benchmarks.attention import markdown as tables
+
+    machine = data["machine"]
+    head = (
+        f"{machine.get('gpu', 'a GPU')}, torch {machine['torch']}, {data['dtype']}; medians of `triton.testing.do_bench` "
+        "per block (L2 flushed). `vs hf`: Hugging Face's `repeat_kv` time over this one (above 1: faster)."
+    )
+    return head + "\n\n" + tables(data)
+
+
+def rules_change_markdown(current: dict[str, Any], previous: dict[str, Any]) -> str:
+    """The default launch settings against the previous rules, point by point (the previous
+    run's settings differ from the defaults in the fields it names)."""
+    now = {_point_key(r): r for r in current["rows"]}
+    lines = []
+    for run in previous["runs"]:
+        changed = {k: v for k, v in run["settings"].items() if current["runs"][0]["settings"].get(k) != v}
+        rows = [
+            r for r in previous["rows"] if _point_key(r) in now and r["direction"] in " ".join(run["command"])
+        ]
+        ratios = sorted(
+            (statistics.median(r["ours_ms"]) / statistics.median(now[_point_key(r)]["ours_ms"]), r)
+            for r in rows
+        )
+        if not ratios:
+            continue
+        geo = math.exp(sum(math.log(x) for x, _ in ratios) / len(ratios))
+        worst, best = ratios[0], ratios[-1]
+
+        def name(r: dict[str, Any]) -> str:
+            return f"{r['config']} B={r['batch']} N={r['seq']} ({r['bytes'] / 2**20:.0f} MB)"
+
+        settings = ", ".join(f"`{k}={v}`" for k, v in changed.items())
+        lines.append(
+            f"- {rows[0]['direction']}, {len(ratios)} points, previous rule ({settings}) over the current "
+            f"(above 1x the current one is faster): geometric mean {floor_x(geo, 3)}; from {floor_x(worst[0], 3)} "
+            f"({name(worst[1])}) to {floor_x(best[0], 3)} ({name(best[1])})."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _point_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(row[k] for k in ("config", "batch", "seq", "layout", "dtype", "direction"))

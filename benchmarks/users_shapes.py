@@ -20,6 +20,7 @@ defaults (``csrc_free_ops.launch_settings.LaunchSettings`` names the fields).
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import math
@@ -61,6 +62,7 @@ BATCHES = (1, 2, 4, 8)
 BNHD_CONFIGS = ("llama3-8b", "qwen2-7b")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 MIN_MB = 32.0  # the targets cover points that move at least this much
+CEILING_MIN_MB = 256.0  # ... and these, against the 1 GiB copy's ceiling too
 CLIFF_TOLERANCE = 1.05  # time per byte this much above every neighbour's is a cliff
 
 
@@ -131,28 +133,29 @@ def measure(point: Point, settings: Any, effort: bench.Effort) -> dict[str, floa
     n_rep = point.n_rep
     in_bytes = 2 * point.batch * heads * point.seq * point.dim * DTYPES[point.dtype].itemsize
     sets = [_inputs(point, heads) for _ in range(max(2, buffer_sets(in_bytes, "cuda")))]
-    ours: Callable[[Tensor, Tensor], object]
-    if forward:
-        ours = lambda a, b: gqa_triton.expand_forward(a, b, n_rep, settings=settings)  # noqa: E731
-        hf = _hf_forward
-    else:
-        ours = lambda a, b: gqa_triton.reduce_backward(a, b, n_rep, settings=settings)  # noqa: E731
-        hf = bench._hf_backward
+    launcher = gqa_triton.expand_forward if forward else gqa_triton.reduce_backward
+    hf: Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]] = (
+        _hf_forward if forward else bench._hf_backward
+    )
+
+    def ours(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+        out: tuple[Tensor, Tensor] = launcher(a, b, n_rep, settings=settings)
+        return out
+
     a, b = sets[0]
     out = ours(a, b)
     expected = hf(a, b, n_rep)
     if forward:
-        correct = all(torch.equal(o, e) for o, e in zip(out, expected))  # type: ignore[arg-type]
+        correct = all(torch.equal(o, e) for o, e in zip(out, expected))
     else:
         correct = all(
-            torch.allclose(o.float(), e.float(), rtol=1e-2, atol=1e-2)
-            for o, e in zip(out, expected)  # type: ignore[arg-type]
+            torch.allclose(o.float(), e.float(), rtol=1e-2, atol=1e-2) for o, e in zip(out, expected)
         )
     del out, expected
     result = {"correct": float(correct)}
-    result["ours_ms"] = graph_ms([lambda a=a, b=b: ours(a, b) for a, b in sets], effort)
+    result["ours_ms"] = graph_ms([functools.partial(ours, a, b) for a, b in sets], effort)
     if point.kv_heads > 1 or not forward:  # one KV head: Hugging Face's repeat_kv is a free view
-        result["hf_ms"] = graph_ms([lambda a=a, b=b: hf(a, b, n_rep) for a, b in sets], effort)
+        result["hf_ms"] = graph_ms([functools.partial(hf, a, b, n_rep) for a, b in sets], effort)
     del sets
     result["copy_ms"] = graph_ms(bench.same_size_copies(point.bytes(), "cuda"), effort)
     torch.cuda.empty_cache()
@@ -165,7 +168,11 @@ def run_worker(points: list[Point], settings: Any, effort: bench.Effort) -> list
     for i, point in enumerate(points):
         rows.append({**asdict(point), "bytes": point.bytes(), **measure(point, settings, effort)})
         if (i + 1) % 25 == 0 or i + 1 == len(points):
-            print(f"  {i + 1}/{len(points)} points, {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+            print(
+                f"  {i + 1}/{len(points)} points, {time.perf_counter() - start:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
     return rows
 
 
@@ -201,14 +208,15 @@ def summarise(repeats: list[list[dict[str, Any]]], ceiling: float) -> list[dict[
 
 
 def flag_cliffs(rows: list[dict[str, Any]]) -> None:
-    """Mark a point whose median time per byte exceeds every neighbour's (the next shorter and
-    longer sequence, the next smaller and larger batch, same everything else) by
-    ``CLIFF_TOLERANCE``. The smallest point of a line has nothing smaller to compare with."""
+    """Mark a cliff: a point whose median time per byte exceeds every neighbour's (the next
+    shorter and longer sequence, the next smaller and larger batch, all else equal) by
+    ``CLIFF_TOLERANCE``. The smallest point of the grid has only larger neighbours, which
+    amortise fixed costs better by nature: it needs a smaller neighbour to be judged."""
     index = {_key(r): r for r in rows}
     per_byte = {k: statistics.median(r["ours_ms"]) / r["bytes"] for k, r in index.items()}
     names = [f.name for f in fields(Point)]
     for key, row in index.items():
-        neighbours = []
+        neighbours, smaller = [], False
         for axis, values in (("seq", SEQS), ("batch", BATCHES)):
             i = names.index(axis)
             if key[i] not in values:
@@ -219,11 +227,20 @@ def flag_cliffs(rows: list[dict[str, Any]]) -> None:
                     other = (*key[:i], values[pos + step], *key[i + 1 :])
                     if other in per_byte:
                         neighbours.append(per_byte[other])
-        row["cliff"] = bool(neighbours) and all(per_byte[key] > CLIFF_TOLERANCE * n for n in neighbours)
+                        smaller |= step < 0
+        row["cliff"] = smaller and all(per_byte[key] > CLIFF_TOLERANCE * n for n in neighbours)
+
+
+def resummarise(report: dict[str, Any]) -> dict[str, Any]:
+    """``report`` with its cliffs and targets computed again from its stored times."""
+    flag_cliffs(report["rows"])
+    return {**report, "targets": targets(report["rows"])}
 
 
 def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The issue's targets over points that move at least ``MIN_MB``, per dtype and direction."""
+    """The targets over points that move at least ``MIN_MB``, per dtype and direction: against
+    the same-size copy (worst repetition), its geometric mean (median repetition), cliffs,
+    Hugging Face's eager repeat_kv, and for points of ``CEILING_MIN_MB`` the 1 GiB copy."""
     summary: dict[str, Any] = {}
     for (dtype, direction), group in itertools.groupby(
         sorted(rows, key=lambda r: (r["dtype"], r["direction"])), key=lambda r: (r["dtype"], r["direction"])
@@ -234,6 +251,7 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
         worst = [r["pct_of_copy"]["worst"] for r in big]
         medians = [r["pct_of_copy"]["median"] for r in big]
         slower = [r for r in big if r.get("speedup_over_hf", {"worst": 2})["worst"] < 1]
+        huge = [r["pct_of_ceiling"] for r in big if r["bytes"] >= CEILING_MIN_MB * 2**20]
         summary[f"{dtype} {direction}"] = {
             "points": len(big),
             "under_95_worst": sum(w < 95 for w in worst),
@@ -241,8 +259,25 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "geomean_median": math.exp(statistics.fmean(math.log(m) for m in medians)),
             "cliffs": sum(r["cliff"] for r in big),
             "slower_than_hf": len(slower),
+            "points_256mb": len(huge),
+            "under_95_ceiling_256mb": sum(p < 95 for p in huge),
+            "lowest_ceiling_256mb": min(huge, default=None),
         }
     return summary
+
+
+def combine(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """One report from runs on the same machine (other grids, dtypes or repeat counts): every
+    run's command and settings, all rows, cliffs and targets computed over all of them."""
+    machines = {json.dumps(r["machine"], sort_keys=True) for r in reports}
+    if len(machines) != 1:
+        raise ValueError("--combine: the reports come from different machines")
+    runs = [{k: r[k] for k in ("command", "settings", "repeats", "ceiling_gbs")} for r in reports]
+    combined = {**reports[0], "runs": runs, "rows": [row for r in reports for row in r["rows"]]}
+    for key in ("command", "settings", "repeats"):
+        combined.pop(key)
+    combined["ceiling_gbs"] = statistics.median(r["ceiling_gbs"] for r in reports)
+    return resummarise(combined)
 
 
 def parse_settings(text: str) -> Any:
@@ -261,7 +296,9 @@ def parse_settings(text: str) -> Any:
         return replace(DEFAULT, **values)
     except TypeError:
         known = ", ".join(f.name for f in fields(DEFAULT))
-        raise argparse.ArgumentTypeError(f"unknown launch setting in {text!r}; the settings are {known}") from None
+        raise argparse.ArgumentTypeError(
+            f"unknown launch setting in {text!r}; the settings are {known}"
+        ) from None
 
 
 def _names(text: str) -> list[str]:
@@ -291,16 +328,26 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[1] if __doc__ else None,
     )
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for users-shapes.json")
-    parser.add_argument("--dtypes", type=_names, default=["bfloat16"], help="comma-separated: bfloat16, float16, float32")
-    parser.add_argument("--directions", type=_names, default=["forward", "backward"], help="forward, backward or both")
+    parser.add_argument(
+        "--dtypes", type=_names, default=["bfloat16"], help="comma-separated: bfloat16, float16, float32"
+    )
+    parser.add_argument(
+        "--directions", type=_names, default=["forward", "backward"], help="forward, backward or both"
+    )
     parser.add_argument("--configs", type=_names, default=None, help="model configurations (default: all)")
     parser.add_argument("--seqs", type=_ints, default=list(SEQS), help="sequence lengths")
     parser.add_argument("--batches", type=_ints, default=list(BATCHES), help="batch sizes")
-    parser.add_argument("--layouts", type=_names, default=["bhnd", "bnhd"], help="bhnd, bnhd (bnhd on a few configs)")
+    parser.add_argument(
+        "--layouts", type=_names, default=["bhnd", "bnhd"], help="bhnd, bnhd (bnhd on a few configs)"
+    )
     parser.add_argument("--repeats", type=_positive, default=2, help="fresh processes per point")
-    parser.add_argument("--settings", type=parse_settings, default="", help="launch-settings candidate NAME=VALUE,...")
+    parser.add_argument(
+        "--settings", type=parse_settings, default="", help="launch-settings candidate NAME=VALUE,..."
+    )
     parser.add_argument("--warmup-ms", type=_positive, default=10, help="do_bench warm-up per timing")
     parser.add_argument("--rep-ms", type=_positive, default=40, help="do_bench repetitions per timing")
+    parser.add_argument("--combine", type=Path, nargs="+", default=None, metavar="JSON",
+                        help="write one report from these users-shapes.json files (same machine) and exit")  # fmt: skip
     parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -317,6 +364,20 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [g for g in given if g not in known]
         if unknown:
             parser.error(f"{name}: unknown {', '.join(unknown)} (choose from {', '.join(known)})")
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out} is a file; give a folder")
+    if args.combine:
+        missing = [str(p) for p in args.combine if not p.is_file()]
+        if missing:
+            parser.error(f"--combine: no such file: {', '.join(missing)}")
+        try:
+            report = combine([json.loads(p.read_text()) for p in args.combine])
+        except (ValueError, KeyError) as error:
+            parser.error(f"--combine: {error}")
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "users-shapes.json").write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {args.out / 'users-shapes.json'}")
+        return 0
     if not torch.cuda.is_available():
         parser.error("times Triton kernels on a CUDA GPU; there is none here")
     points = grid(args.dtypes, args.directions, args.configs, args.seqs, args.batches, args.layouts)

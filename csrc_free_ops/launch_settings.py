@@ -129,7 +129,9 @@ class LaunchSettings:
                 break
             tile_elems //= 2
         warps = min(self.MAX_WARPS, max(1, block_r * block_c * itemsize // per_warp))
-        return Tiling(block_r, block_c, (rows + block_r - 1) // block_r, (cols + block_c - 1) // block_c, warps)
+        return Tiling(
+            block_r, block_c, (rows + block_r - 1) // block_r, (cols + block_c - 1) // block_c, warps
+        )
 
     def expand_tiling(
         self, rows: int, cols: int, itemsize: int, heads: int, device: Device, sizes_known: bool = True

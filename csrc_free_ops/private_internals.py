@@ -242,13 +242,16 @@ def compiler_decomposition(body: Callable[..., Any]) -> tuple[type, Callable[...
         def export_keeps_it_whole() -> bool:
             from torch.export._trace import custom_triton_ops_decomposition_disabled
 
-            return bool(custom_triton_ops_decomposition_disabled())
+            return bool(custom_triton_ops_decomposition_disabled())  # type: ignore[no-untyped-call]
 
-        if not (hasattr(FunctionalTensorMode, "__torch_dispatch__") and issubclass(FunctionalTensor, torch.Tensor)):
+        if not (
+            hasattr(FunctionalTensorMode, "__torch_dispatch__") and issubclass(FunctionalTensor, torch.Tensor)
+        ):
             raise TypeError("FunctionalTensorMode or FunctionalTensor changed shape")
     except Exception as e:
         _disable("defining the ops without importing Inductor", e)
         return None
+
     def rule(mode: Any, op: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if export_keeps_it_whole():
             return mode.__torch_dispatch__(op, types, args, kwargs)

@@ -13,7 +13,10 @@ from torch import Tensor
 # Sub-byte "shell" dtypes: a tensor of them stores one element per byte, and ATen has no
 # copy kernel for them; their bytes are copied instead.
 _SHELL_DTYPES = frozenset(
-    getattr(torch, f"{kind}{bits}") for kind in ("int", "uint") for bits in range(1, 8) if hasattr(torch, f"{kind}{bits}")
+    getattr(torch, f"{kind}{bits}")
+    for kind in ("int", "uint")
+    for bits in range(1, 8)
+    if hasattr(torch, f"{kind}{bits}")
 )
 
 

@@ -55,9 +55,9 @@ def triton_kernels() -> ModuleType:
             import triton  # noqa: F401
         except ImportError:
             raise RuntimeError(
-                "neuralops_gqa: the Triton kernels need Triton, which is not installed; "
-                'install it with pip install "neuralops-gqa[triton]" (CUDA builds of PyTorch on Linux '
-                f"bring it), or set {BACKEND_ENV}=torch for the PyTorch reference"
+                "neuralops_gqa: the Triton kernels need Triton, which is not installed; install the "
+                'triton extra (pip install ".[triton]" from a checkout, or pip install triton; CUDA builds '
+                f"of PyTorch on Linux bring it), or set {BACKEND_ENV}=torch for the PyTorch reference"
             ) from None
         from csrc_free_ops import gqa_triton, private_internals
 

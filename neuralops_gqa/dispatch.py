@@ -75,7 +75,7 @@ def _has_tangent(x: Tensor) -> bool:
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
     # The last input says which of k and v are differentiated (the kernel knows: forward-mode
     # tangents can't be read while apply() runs, it turns forward AD off).
-    transforms.setup_context_for(ctx, inputs[:4], output, inputs[4])
+    transforms.setup_context_for(ctx, inputs[:4], output, inputs[4][:2])
 
 
 def autograd_kernel(name: str, impl: Impl) -> Callable[..., tuple[Tensor, Tensor]] | None:
@@ -87,8 +87,12 @@ def autograd_kernel(name: str, impl: Impl) -> Callable[..., tuple[Tensor, Tensor
     below_autograd, set_fwd_grad_enabled = internals.below_autograd, internals.set_fwd_grad_enabled
 
     def forward(
-        a: Tensor, b: Tensor, num_kv_heads: int, num_heads: int, differentiated: tuple[bool, bool]
+        a: Tensor, b: Tensor, num_kv_heads: int, num_heads: int, route: tuple[bool, bool, bool]
     ) -> tuple[Tensor, Tensor]:
+        """``route``: whether k and v are differentiated, and whether the call may go straight
+        to the implementation (plain tensors, no dispatch mode, no transform)."""
+        if route[2]:
+            return impl(a, b, num_kv_heads, num_heads)
         # apply() turns both gradient modes off for the forward; below autograd, a torch.func
         # transform's lower level needs them on (functorch's own rule for autograd.Function
         # does the same).
@@ -120,17 +124,17 @@ def autograd_kernel(name: str, impl: Impl) -> Callable[..., tuple[Tensor, Tensor
             # Inside a torch.func transform both count as differentiated: a level's tensors
             # don't show whether they carry its tangent, and an unused derivative costs nothing.
             with allow_single_level():
-                return function.apply(a, b, num_kv_heads, num_heads, (True, True))  # type: ignore[no-any-return]
+                return function.apply(a, b, num_kv_heads, num_heads, (True, True, False))  # type: ignore[no-any-return]
         plain_keys = keyset.raw_repr() in plain
         grad = torch.is_grad_enabled()
         tangents = forward_ad_level() >= 0 or not plain_keys
-        differentiated = (
-            (grad and a.requires_grad) or (tangents and _has_tangent(a)),
-            (grad and b.requires_grad) or (tangents and _has_tangent(b)),
-        )
-        if differentiated[0] or differentiated[1]:
-            return function.apply(a, b, num_kv_heads, num_heads, differentiated)  # type: ignore[no-any-return]
-        if plain_keys and dispatch_modes() == 0:
+        differentiated_a = (grad and a.requires_grad) or (tangents and _has_tangent(a))
+        differentiated_b = (grad and b.requires_grad) or (tangents and _has_tangent(b))
+        direct = plain_keys and dispatch_modes() == 0
+        if differentiated_a or differentiated_b:
+            route = (differentiated_a, differentiated_b, direct)
+            return function.apply(a, b, num_kv_heads, num_heads, route)  # type: ignore[no-any-return]
+        if direct:
             return impl(a, b, num_kv_heads, num_heads)
         with below_autograd():  # wrapped tensors, dispatch modes: every other key still runs
             return op(a, b, num_kv_heads, num_heads)

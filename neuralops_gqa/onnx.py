@@ -11,8 +11,8 @@
 ``Reshape -> ReduceSum`` (summed in float64, then cast back to the gradient's type), all in
 the default ONNX domain (opset 18), with batch and sequence sizes read from the input's
 ``Shape``, so dynamic batch and sequence dims stay dynamic. Head counts must be constants
-of the exported graph (they are model constants). Needs ``onnxscript`` (``pip install
-"neuralops-gqa[onnx]"``).
+of the exported graph (they are model constants). Needs ``onnxscript`` (the ``onnx`` extra:
+``pip install ".[onnx]"``).
 """
 
 from __future__ import annotations

@@ -74,8 +74,8 @@ def _define(body: Callable[..., tuple[Tensor, Tensor]]) -> CustomOpDef:
     name = f"neuralops::{body.__name__}"
     decomposition = private_internals.compiler_decomposition(body)
     if decomposition is None:
-        op: CustomOpDef = torch.library.triton_op(name, body, mutates_args=())
-        return op
+        defined: CustomOpDef = torch.library.triton_op(name, body, mutates_args=())  # type: ignore[assignment]
+        return defined
     op = torch.library.custom_op(name, body, mutates_args=())
     op.register_torch_dispatch(*decomposition)
     return op
@@ -114,7 +114,8 @@ def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple
     check_inputs("gqa_expand", ("k", "v"), k, v, num_kv_heads, num_heads)
     backend()
     if k.dtype in _NO_INDUCTOR_DTYPES or v.dtype in _NO_INDUCTOR_DTYPES:
-        return _gqa_expand_opaque(k, v, num_kv_heads, num_heads)
+        opaque: tuple[Tensor, Tensor] = _gqa_expand_opaque(k, v, num_kv_heads, num_heads)
+        return opaque
     # The reference's broadcasting copy, which Inductor fuses with the copy's neighbours (a
     # scale, a cast, attention's prologue) into one kernel; our kernel can't be fused, and
     # alone it only ties Inductor's copy (docs/design.md has the figures).
@@ -216,8 +217,10 @@ def _refuse_jagged(cls: type, op: object, types: object, args: tuple[object, ...
 # Jagged nested tensors would otherwise raise PyTorch's bare NotImplementedError.
 _jagged = private_internals.jagged_tensor_class()
 if _jagged is not None and hasattr(torch.library, "register_torch_dispatch"):
-    for _name, _, _ in _OPS:
-        torch.library.register_torch_dispatch(f"neuralops::{_name}", _jagged, _refuse_jagged, lib=_kernels_lib)
+    for _op_name in ("gqa_expand", "gqa_reduce"):
+        torch.library.register_torch_dispatch(
+            f"neuralops::{_op_name}", _jagged, _refuse_jagged, lib=_kernels_lib
+        )
 
 
 def aten_decompositions() -> dict[torch._ops.OperatorBase, Callable[..., tuple[Tensor, Tensor]]]:

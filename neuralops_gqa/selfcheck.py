@@ -40,12 +40,15 @@ DTYPES = {
     "bf16": torch.bfloat16,
     "float16": torch.float16,
     "fp16": torch.float16,
+    "f16": torch.float16,
     "half": torch.float16,
     "float32": torch.float32,
     "fp32": torch.float32,
+    "f32": torch.float32,
     "float": torch.float32,
     "float64": torch.float64,
     "fp64": torch.float64,
+    "f64": torch.float64,
     "double": torch.float64,
 }
 # (B, H_kv, H, N, D) timed when --shape is not given: a Llama-3-8B layer's KV on a GPU, a
@@ -267,6 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     print(f"verdict: OK, every check passed. Speed: {_speed_sentence(device, theirs / ours)}")
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

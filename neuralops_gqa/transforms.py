@@ -70,7 +70,8 @@ def setup_context_for(
     ctx.inputs_meta = tuple((x.shape, x.dtype, x.device) for x in inputs[:2])
     # Each output depends on one input only: it is differentiable only where that input is.
     ctx.differentiable = tuple(
-        wanted and (x.dtype.is_floating_point or x.dtype.is_complex) for wanted, x in zip(differentiated, inputs)
+        wanted and (x.dtype.is_floating_point or x.dtype.is_complex)
+        for wanted, x in zip(differentiated, inputs[:2])
     )
     ctx.mark_non_differentiable(*(out for out, wanted in zip(output, ctx.differentiable) if not wanted))
     # An output nobody used arrives as None instead of a materialised zero tensor.
@@ -124,7 +125,7 @@ def jvp_of(name: str) -> Callable[..., tuple[Tensor | None, Tensor | None]]:
             t if t is not None else torch.zeros(shape, dtype=dtype, device=device)
             for t, (shape, dtype, device) in zip((tangent_a, tangent_b), ctx.inputs_meta)
         ]
-        out = op_named(name)(*tangents, ctx.num_kv_heads, ctx.num_heads)
+        out = op_named(name)(tangents[0], tangents[1], ctx.num_kv_heads, ctx.num_heads)
         return tuple(o if wanted else None for o, wanted in zip(out, ctx.differentiable))  # type: ignore[return-value]
 
     return jvp
@@ -151,7 +152,12 @@ def vmap_rule(name: str) -> Callable[..., tuple[Pair, tuple[int, int]]]:
     names = NAMES[name]
 
     def rule(
-        info: VmapInfo, in_dims: tuple[int | None, ...], a: Tensor, b: Tensor, num_kv_heads: int, num_heads: int
+        info: VmapInfo,
+        in_dims: tuple[int | None, ...],
+        a: Tensor,
+        b: Tensor,
+        num_kv_heads: int,
+        num_heads: int,
     ) -> tuple[Pair, tuple[int, int]]:
         size = info.batch_size
         # Checked per sample first, so an error quotes the user's shapes, not the folded ones.

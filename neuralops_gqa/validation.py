@@ -5,12 +5,13 @@ the traced bodies and the DTensor and vmap rules all call ``check_inputs``, so a
 argument fails with the same message wherever it is caught, e.g.
 ``gqa_expand: num_heads (30) must be a multiple of num_kv_heads (4)``.
 
-Each rule is written once, as ``_require(condition, message template, values...)``. With
-plain values (an eager call, a hot path) a rule costs its comparison: the message is
-formatted only when it fails. With symbolic sizes (a dynamic-shape trace) an undecided
-condition goes through ``torch._check_with``, so it becomes a guard or a runtime assert
-rather than a specialisation, and messages show the sizes of the example the trace was
-started with, not symbols.
+Each rule is written once. What a tensor is (rank, layout, dtype, device) is a plain test;
+a rule on sizes or head counts, which may be symbols of a dynamic-shape trace, is
+``_require(condition, message template, values...)``. With plain values (an eager call, a
+hot path) a rule costs its comparison: the message is formatted only when it fails. An
+undecided symbolic condition goes through ``torch._check_with``, so it becomes a guard or a
+runtime assert rather than a specialisation, and messages show the sizes of the example the
+trace was started with, not symbols.
 """
 
 from __future__ import annotations
@@ -60,26 +61,40 @@ def check_inputs(
     ``(grad_k, grad_v)`` for ``gqa_reduce`` (head dim ``num_heads``).
     """
     reduce = op == "gqa_reduce"
+    # What a tensor is (its rank, layout, dtype, device) is never symbolic: plain tests.
     for name, x in ((names[0], a), (names[1], b)):
         if not isinstance(x, Tensor):  # the schema lets None through as an undefined tensor
             raise TypeError(f"{op}: {name} must be a Tensor, got {type(x).__name__}")
-        _require(x.dim() == 4, "{}: {} must be 4-D [B, H, N, D], got shape {}", op, name, x.shape)
-        _require(x.layout == torch.strided and not x.is_quantized,
-                 "{}: {} must be a dense tensor, got layout {} and dtype {}", op, name, x.layout, x.dtype)  # fmt: skip
-        if reduce:
-            _require(x.dtype in REDUCE_DTYPES,
-                     "{}: {} must be float16, bfloat16, float32 or float64, got {}", op, name, x.dtype)  # fmt: skip
-        else:
-            _require(not x.dtype.is_complex, "{}: {} must have a real dtype, got {}", op, name, x.dtype)
-    _require(a.device == b.device, "{}: {} and {} must be on one device, got {} and {}",
-             op, *names, a.device, b.device, error=RuntimeError)  # fmt: skip
+        if x.dim() != 4:
+            raise ValueError(f"{op}: {name} must be 4-D [B, H, N, D], got shape {_shown(x.shape)}")
+        if x.layout != torch.strided or x.is_quantized:
+            raise ValueError(
+                f"{op}: {name} must be a dense tensor, got layout {x.layout} and dtype {x.dtype}"
+            )
+        if reduce and x.dtype not in REDUCE_DTYPES:
+            raise ValueError(f"{op}: {name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
+        if not reduce and x.dtype.is_complex:
+            raise ValueError(f"{op}: {name} must have a real dtype, got {x.dtype}")
+    if a.device != b.device:
+        raise RuntimeError(
+            f"{op}: {names[0]} and {names[1]} must be on one device, got {a.device} and {b.device}"
+        )
+    # Sizes and head counts may be symbols of a dynamic-shape trace.
     _require(num_kv_heads > 0, "{}: num_kv_heads must be positive, got {}", op, num_kv_heads)
     _require(num_heads > 0, "{}: num_heads must be positive, got {}", op, num_heads)
     _require(num_heads % num_kv_heads == 0,
              "{}: num_heads ({}) must be a multiple of num_kv_heads ({})", op, num_heads, num_kv_heads)  # fmt: skip
     head_arg, heads = ("num_heads", num_heads) if reduce else ("num_kv_heads", num_kv_heads)
     shape_a, shape_b = a.shape, b.shape
-    _require(shape_a[1] == heads, "{}: {}.shape[1] ({}) must equal {} ({})", op, names[0], shape_a[1], head_arg, heads)
+    _require(
+        shape_a[1] == heads,
+        "{}: {}.shape[1] ({}) must equal {} ({})",
+        op,
+        names[0],
+        shape_a[1],
+        head_arg,
+        heads,
+    )
     for dim, what in _DIMS:
         _require(shape_a[dim] == shape_b[dim], "{}: {} and {} must agree in the {} dim {}, got {} {} and {} {}",
                  op, names[0], names[1], what, dim, names[0], shape_a, names[1], shape_b)  # fmt: skip

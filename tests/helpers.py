@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 
 import torch
@@ -176,3 +177,24 @@ def op_expand(k: Tensor, v: Tensor, kv_heads: int, heads: int) -> tuple[Tensor, 
 def interleave_expand(k: Tensor, v: Tensor, kv_heads: int, heads: int) -> tuple[Tensor, Tensor]:
     """The reference expansion: ``repeat_interleave`` on the head dim."""
     return k.repeat_interleave(heads // kv_heads, 1), v.repeat_interleave(heads // kv_heads, 1)
+
+
+def in_threads(work: Callable[[int], None], count: int) -> None:
+    """Run ``work(0)`` ... ``work(count - 1)`` in threads that start together; fail with the
+    first exceptions any thread raised (an exception in a thread would otherwise go unseen)."""
+    errors: list[BaseException] = []
+    start = threading.Barrier(count)
+
+    def run(index: int) -> None:
+        try:
+            start.wait()
+            work(index)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors[:3]

@@ -9,10 +9,12 @@ exactly what the committed JSON gives.
 from __future__ import annotations
 
 import copy
+import importlib
 import io
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,13 +66,68 @@ def test_recompile_limits_are_restored() -> None:
         (["--compiled-shapes", "nope"], "unknown shape(s) nope in --compiled-shapes"),
         (["--parts", "kernels,gpu"], "unknown part(s) 'gpu' (choose from kernels, host, compiled, memory)"),
         (["--check"], "--check goes with --render"),
+        (["--max-mb", "-5"], "must be a positive number of MB, got -5"),
+        (["--max-mb", "0"], "must be a positive number of MB, got 0"),
+        (["--max-mb", "nan"], "must be a positive number of MB, got nan"),
+        (["--max-mb", "lots"], "'lots' is not a number of MB"),
+        (["--render", "/nonexistent.json"], "--render: no such results file: /nonexistent.json"),
+        (["--render", "--root", "/"], "has no docs/benchmarks.md (pass --root)"),
+        (["--out", "README.md"], "--out README.md is a file; give a folder"),
     ],
-    ids=["sweep-on-cpu", "dtype", "shape", "compiled-shape", "part", "check-alone"],
-)
+    ids=["sweep-on-cpu", "dtype", "shape", "compiled-shape", "part", "check-alone", "max-mb-negative",
+         "max-mb-zero", "max-mb-nan", "max-mb-text", "render-missing", "render-outside", "out-file"],
+)  # fmt: skip
 def test_bad_arguments_are_clear_errors(
     capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
     assert message in _error(capsys, ["--device", "cpu", *argv])
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "message"),
+    [
+        ("users_shapes", ["--settings", "TILES=3"], "unknown launch setting in 'TILES=3'"),
+        ("users_shapes", ["--settings", "WAVES=x"], "'WAVES=x' is not NAME=INTEGER"),
+        ("users_shapes", ["--seqs", "1000,0"], "every value must be a positive integer"),
+        ("users_shapes", ["--repeats", "-1"], "every value must be a positive integer"),
+        ("users_shapes", ["--configs", "gpt5"], "--configs: unknown gpt5"),
+        ("users_shapes", ["--dtypes", "float8"], "--dtypes: unknown float8"),
+        ("users_shapes", ["--combine", "/nonexistent.json"], "--combine: no such file: /nonexistent.json"),
+        ("users_shapes", ["--out", "README.md"], "--out README.md is a file"),
+        ("attention", ["--cases", "gqa,nope"], "unknown nope; choose from gqa, mqa"),
+        ("attention", ["--rep-ms", "0"], "must be a positive integer, got 0"),
+        ("attention", ["--combine", "/nonexistent.json"], "--combine: no such file"),
+        ("e2e_transformers", ["--repeats", "-1"], "must be at least 1, got -1"),
+        ("e2e_transformers", ["--seq", "0"], "must be at least 1, got 0"),
+        ("e2e_transformers", ["--implementations", "sdpa,nope"], "unknown implementation(s) nope"),
+        ("e2e_transformers", ["--heads", "7", "--kv-heads", "3"], "--heads (7) must be a multiple of --kv-heads (3)"),
+        ("e2e_transformers", ["--out", "docs"], "--out docs is a folder"),
+    ],
+)  # fmt: skip
+def test_other_benchmarks_refuse_bad_arguments(
+    capsys: pytest.CaptureFixture[str], module: str, argv: list[str], message: str
+) -> None:
+    """Every flag with a number, a name or a path: a one-line error and exit status 2."""
+    if module == "e2e_transformers":
+        pytest.importorskip("transformers", reason="the end-to-end benchmark needs transformers")
+    main = importlib.import_module(f"benchmarks.{module}").main
+    with pytest.raises(SystemExit) as exc:
+        main([*(["--device", "cpu"] if module != "users_shapes" else []), *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_cuda_only_benchmarks_say_so(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import e2e_transformers, users_shapes
+
+    for main, argv, message in (
+        (users_shapes.main, [], "times Triton kernels on a CUDA GPU; there is none here"),
+        (e2e_transformers.main, ["--device", "cuda"], "--device cuda: no CUDA device is available here"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_dtype_aliases() -> None:
@@ -216,7 +273,7 @@ def _h200() -> dict[str, Any]:
 def test_new_schema_renders_compiled_section() -> None:
     report = copy.deepcopy(_h200())
     report.update(
-        schema=2, parts=list(bench.PARTS), command=["python", "-m", "neuralops_gqa.bench"], elapsed_s=300
+        schema=2, parts=list(bench.PARTS), command=["python", "-m", "benchmarks.bench"], elapsed_s=300
     )
     small = report["results"][-4]["shape"]
     rows = [
@@ -241,11 +298,11 @@ def test_new_schema_renders_compiled_section() -> None:
         "gpu": gpu,
     }
     text = markdown.results_markdown(report)
-    assert "predates" not in text
     assert "| expansion, then `* 0.5` | `reduce-overhead` | 50.0 | 40.0 | 0.80x |" in text
     pct = markdown.floor1(100 * gpu[0]["bytes"] / 0.1 / 1e6 / report["ceiling_gbs"])
+    # No run of our kernel's form: no column for it.
     assert (
-        f"| llama3-8b | expansion, then `* 0.5` | `default` | 320 | 0.1000 | {pct} | 0.0800 | 0.80x | - |"
+        f"| llama3-8b | expansion, then `* 0.5` | `default` | 320 | 0.1000 | {pct} | 0.0800 | 0.80x |\n"
         in text
     )
     summary = markdown.readme_paragraph(report, "docs/benchmarks.md")
@@ -257,9 +314,7 @@ def test_new_schema_renders_compiled_section() -> None:
     backward = [
         r["pct_of_ceiling"]["neuralops"]
         for r in report["results"]
-        if r["dtype"] == "bfloat16"
-        and r["direction"] == "backward"
-        and r["bytes"] >= markdown.LARGE_BYTES
+        if r["dtype"] == "bfloat16" and r["direction"] == "backward" and r["bytes"] >= markdown.LARGE_BYTES
     ]
     assert f"backward {markdown.floor1(min(backward))}-" in summary
 
@@ -352,3 +407,48 @@ def test_a_failing_compiled_step_is_recorded_not_fatal() -> None:
     assert report["errors"] and all(e["part"] == "compiled" for e in report["errors"])
     assert report["compiled"]["host_us"]["rows"] == []
     assert "### Steps that failed" in markdown.results_markdown(report, level=3)
+
+
+def _sweep_rows(per_byte: Callable[[Any], float], repeats: int = 2) -> list[list[dict[str, Any]]]:
+    from dataclasses import asdict
+
+    from benchmarks import users_shapes
+
+    points = users_shapes.grid(["bfloat16"], ["forward"], ["llama3-8b"], layouts=["bhnd"])
+    return [
+        [
+            {**asdict(p), "bytes": p.bytes(), "correct": 1.0, "ours_ms": per_byte(p) * p.bytes() * (1 + r / 100),
+             "copy_ms": 1e-9 * p.bytes(), "hf_ms": 3e-9 * p.bytes()}
+            for p in points
+        ]
+        for r in range(repeats)
+    ]  # fmt: skip
+
+
+def test_users_shapes_summary_flags_cliffs_and_keeps_the_worst_repetition() -> None:
+    from benchmarks import users_shapes
+
+    # Time per byte falls with size (fixed costs amortised), except one point well above both
+    # of its neighbours: the cliff.
+    def per_byte(p: Any) -> float:
+        base = 1e-9 * (1 + 1e6 / p.bytes())
+        return base * 1.5 if (p.batch, p.seq) == (2, 1531) else base
+
+    rows = users_shapes.summarise(_sweep_rows(per_byte), ceiling=4000.0)
+    cliffs = [(r["batch"], r["seq"]) for r in rows if r["cliff"]]
+    assert cliffs == [(2, 1531)]
+    row = next(r for r in rows if (r["batch"], r["seq"]) == (4, 3001))
+    # Two repetitions, the second 1% slower: the worst is the second's percent of the copy.
+    assert row["pct_of_copy"]["worst"] == pytest.approx(row["pct_of_copy"]["median"] / 1.005, rel=1e-3)
+    targets = users_shapes.targets(rows)["bfloat16 forward"]
+    assert targets["slower_than_hf"] == 0 and targets["lowest_worst"] < 100
+
+
+def test_committed_users_shapes_summary_matches_its_rows() -> None:
+    """The committed sweep's cliffs and targets are what its stored times give."""
+    from benchmarks import users_shapes
+
+    data = json.loads((ROOT / "docs" / "benchmarks" / "h200-users-shapes.json").read_text())
+    again = users_shapes.resummarise(copy.deepcopy(data))
+    assert again["targets"] == data["targets"]
+    assert [r["cliff"] for r in again["rows"]] == [r["cliff"] for r in data["rows"]]

@@ -3,12 +3,10 @@ of forward + backward, and calls from several threads at once."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
-from helpers import GQAttention, assert_bitwise_equal, expand_oracle, interleave_expand, op_expand
+from helpers import GQAttention, assert_bitwise_equal, expand_oracle, in_threads, interleave_expand, op_expand
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="CUDA streams, graphs and sync checks need a CUDA device"
@@ -103,29 +101,18 @@ def test_cuda_graph_capture_forward_backward(backend: str) -> None:
 
 def test_threads_each_on_its_own_stream(backend: str) -> None:
     """Eight threads, each on its own stream, call both ops on their own data at once."""
-    errors: list[BaseException] = []
-    start = threading.Barrier(8)
 
-    def worker(seed: int) -> None:
-        try:
-            stream = torch.cuda.Stream()
-            with torch.cuda.stream(stream):
-                k, v = _kv(seed)
-                start.wait()
-                for _ in range(20):
-                    k_out, v_out = EXPAND(k, v, 4, 16)
-                    g_k, g_v = REDUCE(k_out, v_out, 4, 16)
-                stream.synchronize()
-                assert_bitwise_equal(k_out, expand_oracle(k, 4))
-                assert_bitwise_equal(v_out, expand_oracle(v, 4))
-                torch.testing.assert_close(g_k, 4 * k, rtol=0, atol=0)
-                torch.testing.assert_close(g_v, 4 * v, rtol=0, atol=0)
-        except BaseException as e:  # reported by the main thread
-            errors.append(e)
+    def work(seed: int) -> None:
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            k, v = _kv(seed)
+            for _ in range(20):
+                k_out, v_out = EXPAND(k, v, 4, 16)
+                g_k, g_v = REDUCE(k_out, v_out, 4, 16)
+            stream.synchronize()
+            assert_bitwise_equal(k_out, expand_oracle(k, 4))
+            assert_bitwise_equal(v_out, expand_oracle(v, 4))
+            torch.testing.assert_close(g_k, 4 * k, rtol=0, atol=0)
+            torch.testing.assert_close(g_v, 4 * v, rtol=0, atol=0)
 
-    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    in_threads(work, 8)

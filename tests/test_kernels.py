@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import assert_bitwise_equal, expand_oracle, make_tensor
+from helpers import assert_bitwise_equal, expand_oracle, in_threads, make_tensor
 
 gqa_triton = pytest.importorskip("csrc_free_ops.gqa_triton", reason="triton is not installed")
 from csrc_free_ops.launch_settings import DEFAULT  # noqa: E402
@@ -164,25 +164,14 @@ def test_traced_launch_matches_eager(device: str, monkeypatch: pytest.MonkeyPatc
 def test_interpreter_serves_threads(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Sixteen threads calling the op at once: Triton's interpreter is not reentrant, so
     interpreted launches take turns; every thread gets the right result."""
-    import threading
-
     if device == "cpu":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("NEURALOPS_GQA_BACKEND", "triton")
-    errors: list[BaseException] = []
 
     def work(seed: int) -> None:
-        try:
-            k = make_tensor((1, 2, 5, 8), torch.float32, "bnhd", device, seed=seed)
-            for _ in range(3):
-                out, _ = torch.ops.neuralops.gqa_expand(k, k, 2, 6)
-                assert_bitwise_equal(out, expand_oracle(k, 3))
-        except BaseException as e:  # collected: an exception in a thread would go unseen
-            errors.append(e)
+        k = make_tensor((1, 2, 5, 8), torch.float32, "bnhd", device, seed=seed)
+        for _ in range(3):
+            out, _ = torch.ops.neuralops.gqa_expand(k, k, 2, 6)
+            assert_bitwise_equal(out, expand_oracle(k, 3))
 
-    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(16)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors[:3]
+    in_threads(work, 16)

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from neuralops_gqa import __main__ as demo
+from neuralops_gqa import selfcheck as demo
 
 TINY = ["--shape", "1,2,4,8,16"]
 
@@ -28,6 +28,7 @@ def test_tiny_run_passes(device: str, dtype: str, capsys: pytest.CaptureFixture[
     assert verdict.startswith("verdict: OK")
     if device == "cpu":  # the CPU timing is the reference's, and the verdict says so
         assert "PyTorch reference, not the Triton kernels" in verdict
+    assert "[ok] short benchmark" in out
 
 
 @pytest.mark.parametrize(
@@ -38,9 +39,10 @@ def test_tiny_run_passes(device: str, dtype: str, capsys: pytest.CaptureFixture[
         (["--shape", "1,8,30,16,64"], "H (30) must be a multiple of H_kv (8)"),
         (["--shape", "1,0,0,16,64"], "is not five positive integers"),
         (["--device", "nowhere"], "'nowhere' is not a device this PyTorch can use"),
+        (["--device", "meta"], "'meta': tensors there hold no values to compare"),
         (["--bogus"], "unrecognized arguments: --bogus"),
     ],
-    ids=["dtype", "shape-length", "shape-multiple", "shape-zero", "device", "unknown"],
+    ids=["dtype", "shape-length", "shape-multiple", "shape-zero", "device", "meta", "unknown"],
 )
 def test_bad_arguments_are_clear_errors(
     args: list[str], message: str, capsys: pytest.CaptureFixture[str]
@@ -67,10 +69,24 @@ def test_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:
         assert option in out
 
 
-def test_does_not_import_the_benchmark() -> None:
-    code = "import sys, neuralops_gqa.__main__; assert 'neuralops_gqa.bench' not in sys.modules"
+def test_bad_backend_variable_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("NEURALOPS_GQA_BACKEND", "cuda-please")
+    with pytest.raises(SystemExit) as exit_info:
+        demo.main([])
+    assert exit_info.value.code == 2
+    assert "NEURALOPS_GQA_BACKEND must be one of auto, triton, torch" in capsys.readouterr().err
+
+
+def test_the_installed_package_holds_no_benchmark() -> None:
+    """The benchmark lives in benchmarks/ beside the package, and nothing installed imports it."""
+    code = "import sys, neuralops_gqa.selfcheck; assert not [m for m in sys.modules if m.startswith('benchmarks')]"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
+    from importlib.resources import files
+
+    assert not [p.name for p in files("neuralops_gqa").iterdir() if "bench" in p.name]
 
 
 @pytest.mark.slow

@@ -265,7 +265,9 @@ def test_eager_refuses_a_layer_without_eager_attention() -> None:
 
 
 @pytest.mark.parametrize("masked", [True, False], ids=["mask", "causal"])
-def test_sdpa_arguments_match_stock(device: str, masked: bool, op_calls: list[tuple[str, torch.Size]]) -> None:
+def test_sdpa_arguments_match_stock(
+    device: str, masked: bool, op_calls: list[tuple[str, torch.Size]]
+) -> None:
     """Dropout (same seed, same draws), scaling, is_causal, with and without a mask."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

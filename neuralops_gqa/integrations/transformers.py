@@ -178,7 +178,7 @@ def _find_eager(layer: type) -> bool:
         if own is None:
             raise NotImplementedError(
                 f'attn_implementation="{EAGER}": cannot find the eager attention of '
-                f"{layer.__module__}.{layer.__qualname__}; use \"{SDPA}\" or \"eager\" for this model"
+                f'{layer.__module__}.{layer.__qualname__}; use "{SDPA}" or "eager" for this model'
             )
         _EAGER[layer] = own
     return True

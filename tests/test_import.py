@@ -1,0 +1,86 @@
+"""What ``import neuralops_gqa`` costs and leaves imported."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from csrc_free_ops import private_internals
+
+pytestmark = pytest.mark.slow
+
+
+def _seconds(code: str, env: dict[str, str] | None = None) -> float:
+    """Median wall clock of ``code`` in fresh interpreters, from the process's own clock."""
+    runs = []
+    for _ in range(3):
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"import time; t = time.perf_counter(); {code}; print(time.perf_counter() - t)",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, **(env or {})},
+        )
+        runs.append(float(result.stdout.split()[-1]))
+    return statistics.median(runs)
+
+
+def test_import_costs_at_most_half_a_second_over_torch() -> None:
+    """Defining the ops must not import Inductor, dynamo or Triton (torch.library.triton_op's
+    definition does, about a second), nor DTensor (0.4 s) for a program that makes none."""
+    if not private_internals.ENABLED:
+        pytest.skip(f"{private_internals.ENV}=0: the ops are defined with triton_op, which imports Inductor")
+    torch_alone = _seconds("import torch")
+    with_package = _seconds("import torch; import neuralops_gqa")
+    assert with_package - torch_alone <= 0.5, (torch_alone, with_package)
+
+
+def test_import_leaves_compilers_and_dtensor_unimported() -> None:
+    code = (
+        "import sys, neuralops_gqa\n"
+        "heavy = [m for m in ('torch._inductor', 'torch._dynamo', 'triton', 'torch.distributed.tensor') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "from torch.distributed.tensor import DTensor\n"
+        "from neuralops_gqa import distributed\n"
+        "assert distributed._registered, 'DTensor rule not registered when DTensor was imported'\n"
+    )
+    if not private_internals.ENABLED:
+        code = code.replace("'torch._inductor', 'torch._dynamo', 'triton', ", "")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_without_triton() -> None:
+    """A CPU install without Triton: importing prints nothing, the reference runs, and asking
+    for the kernels names the extra to install."""
+    code = (
+        "import sys\n"
+        "sys.modules['triton'] = None  # as if not installed: importing it raises ImportError\n"
+        "import torch, neuralops_gqa\n"
+        "k = torch.randn(1, 2, 3, 4)\n"
+        "assert torch.equal(torch.ops.neuralops.gqa_expand(k, k, 2, 4)[0], k.repeat_interleave(2, 1))\n"
+        "import os\n"
+        "os.environ['NEURALOPS_GQA_BACKEND'] = 'triton'\n"
+        "try:\n"
+        "    torch.ops.neuralops.gqa_expand(k, k, 2, 4)\n"
+        "except RuntimeError as e:\n"
+        "    assert 'triton extra' in str(e), e\n"
+        "    print('refused')\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout == "refused\n" and "Triton not available" not in result.stderr, (
+        result.stdout,
+        result.stderr,
+    )
