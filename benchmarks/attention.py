@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import neuralops_gqa
+from benchmarks import cli
 from benchmarks.bench import machine_info
 from neuralops_gqa.selfcheck import hf_repeat_kv
 
@@ -206,29 +207,6 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
-def _names(known: tuple[str, ...]) -> Callable[[str], list[str]]:
-    def parse(text: str) -> list[str]:
-        names = [n.strip() for n in text.split(",") if n.strip()]
-        unknown = [n for n in names if n not in known]
-        if unknown or not names:
-            raise argparse.ArgumentTypeError(
-                f"unknown {', '.join(unknown) or '(none)'}; choose from {', '.join(known)}"
-            )
-        return names
-
-    return parse
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.attention", description=__doc__.split("\n\n")[1]
@@ -238,17 +216,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16", help="dtype of q, k, v"
     )
-    parser.add_argument("--cases", type=_names(tuple(c.name for c in CASES)), default=[c.name for c in CASES],
+    parser.add_argument("--cases", type=cli.names((c.name for c in CASES), "case"), default=[c.name for c in CASES],
                         help=", ".join(f"{c.name} (B={c.batch}, {c.kv_heads}->{c.heads}, N={c.seq}, D={c.dim})" for c in CASES))  # fmt: skip
-    parser.add_argument("--consumers", type=_names(CONSUMERS), default=list(CONSUMERS), help="sdpa, eager")
     parser.add_argument(
-        "--expansions", type=_names(EXPANSIONS), default=list(EXPANSIONS), help=", ".join(EXPANSIONS)
+        "--consumers", type=cli.names(CONSUMERS, "consumer"), default=list(CONSUMERS), help="sdpa, eager"
     )
     parser.add_argument(
-        "--modes", type=_names(("eager", "compiled")), default=["eager", "compiled"], help="eager, compiled"
+        "--expansions",
+        type=cli.names(EXPANSIONS, "expansion"),
+        default=list(EXPANSIONS),
+        help=", ".join(EXPANSIONS),
     )
-    parser.add_argument("--warmup-ms", type=_positive, default=25, help="do_bench warm-up")
-    parser.add_argument("--rep-ms", type=_positive, default=100, help="do_bench repetitions")
+    parser.add_argument(
+        "--modes",
+        type=cli.names(("eager", "compiled"), "mode"),
+        default=["eager", "compiled"],
+        help="eager, compiled",
+    )
+    parser.add_argument("--warmup-ms", type=cli.at_least(1), default=25, help="do_bench warm-up")
+    parser.add_argument("--rep-ms", type=cli.at_least(1), default=100, help="do_bench repetitions")
     parser.add_argument(
         "--out", type=Path, default=Path("bench-out"), help="folder for attention.json and .md"
     )
@@ -257,15 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available() and not args.combine:
         parser.error("--device cuda: no CUDA device is available here (use --device cpu)")
-    if args.out.exists() and not args.out.is_dir():
-        parser.error(f"--out {args.out} is a file; give a folder")
+    cli.output_folder(parser, args.out)
     if args.combine:
-        missing = [str(p) for p in args.combine if not p.is_file()]
-        if missing:
-            parser.error(f"--combine: no such file: {', '.join(missing)}")
-        reports = [json.loads(p.read_text()) for p in args.combine]
-        if len({json.dumps(r["machine"], sort_keys=True) for r in reports}) != 1:
-            parser.error("--combine: the reports come from different machines")
+        reports = cli.read_reports(parser, args.combine, "--combine")
         report = {
             **reports[0],
             "command": [r["command"] for r in reports],

@@ -21,7 +21,6 @@ import contextlib
 import functools
 import itertools
 import json
-import math
 import platform
 import shutil
 import statistics
@@ -37,7 +36,7 @@ import torch
 from torch import Tensor
 
 import neuralops_gqa
-from benchmarks import markdown
+from benchmarks import cli, markdown
 
 # Re-exported: ``python -m neuralops_gqa`` imports it from here.
 from neuralops_gqa.selfcheck import DTYPES, hf_repeat_kv
@@ -1112,26 +1111,6 @@ def _dtype_list(text: str) -> list[torch.dtype]:
     return dtypes
 
 
-def _parts_list(text: str) -> tuple[str, ...]:
-    parts = tuple(p.strip() for p in text.split(",") if p.strip())
-    unknown = [p for p in parts if p not in PARTS]
-    if unknown or not parts:
-        raise argparse.ArgumentTypeError(
-            f"unknown part(s) {', '.join(unknown)!r} (choose from {', '.join(PARTS)})"
-        )
-    return parts
-
-
-def _positive_mb(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of MB") from None
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"must be a positive number of MB, got {text}")
-    return value
-
-
 def _name_list(text: str) -> list[str]:
     return [n.strip() for n in text.split(",") if n.strip()]
 
@@ -1162,7 +1141,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--parts",
-        type=_parts_list,
+        type=cli.names(PARTS, "part"),
         default=",".join(PARTS),
         help="what to measure: kernels (per-shape tables), host (eager call cost), compiled "
         "(inside torch.compile graphs), memory (peak memory, CUDA only)",
@@ -1175,7 +1154,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-mb",
-        type=_positive_mb,
+        type=cli.positive_number("MB"),
         default=None,
         help=f"scale each shape's sequence (then batch) down until it moves at most this many MB "
         f"(default: no limit on CUDA, {CPU_MAX_MB:g} on a CPU)",
@@ -1268,8 +1247,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     shapes = select_shapes(parser, args.shapes, device, args.max_mb, args.dtypes)
     effort = QUICK if args.quick else FULL
-    if args.out.exists() and not args.out.is_dir():
-        parser.error(f"--out {args.out} is a file; give a folder")
+    cli.output_folder(parser, args.out)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.sweep:
         which = tuple(args.sweep_grids.split(","))
@@ -1289,7 +1267,7 @@ def main(argv: list[str] | None = None) -> int:
         shapes=shapes,
         dtypes=args.dtypes,
         device=device,
-        parts=args.parts,
+        parts=tuple(args.parts),
         backward=not args.no_backward,
         effort=effort,
         compiled_shapes=tuple(args.compiled_shapes),

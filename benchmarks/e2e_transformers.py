@@ -24,7 +24,6 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -32,6 +31,7 @@ from typing import Any, cast
 import torch
 import transformers
 
+from benchmarks import cli
 from benchmarks.bench import machine_info
 from neuralops_gqa.integrations import transformers as neuralops_transformers
 
@@ -181,29 +181,6 @@ def environment(device: str) -> dict[str, str]:
 IMPLEMENTATIONS = tuple(name for pair in PAIRS for name in pair)
 
 
-def _count(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-
-    return parse
-
-
-def _implementations(text: str) -> list[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in IMPLEMENTATIONS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown implementation(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(IMPLEMENTATIONS)}"
-        )
-    return names
-
-
 def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Setup]:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.e2e_transformers", description=__doc__.splitlines()[0]
@@ -215,17 +192,19 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Setup]:
         help="where to run (default: the GPU if there is one); CUDA picks the large model, a CPU the tiny one",
     )
     parser.add_argument("--out", type=Path, default=Path("bench_transformers.json"), help="JSON report path")
-    parser.add_argument("--warmup", type=_count(0), default=3, help="untimed steps per implementation")
-    parser.add_argument("--repeats", type=_count(1), default=10, help="timed steps per implementation")
+    parser.add_argument("--warmup", type=cli.at_least(0), default=3, help="untimed steps per implementation")
+    parser.add_argument("--repeats", type=cli.at_least(1), default=10, help="timed steps per implementation")
     parser.add_argument(
         "--implementations",
-        type=_implementations,
+        type=cli.names(IMPLEMENTATIONS, "implementation"),
         default=",".join(IMPLEMENTATIONS),
         help=f"comma-separated attn_implementation names (from {', '.join(IMPLEMENTATIONS)})",
     )
     for field in ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "batch", "seq"):
         parser.add_argument(
-            f"--{field.replace('_', '-')}", type=_count(1), help=f"override the device's default {field}"
+            f"--{field.replace('_', '-')}",
+            type=cli.at_least(1),
+            help=f"override the device's default {field}",
         )
     parser.add_argument(
         "--dtype", choices=("bfloat16", "float16", "float32"), help="override the device's default"

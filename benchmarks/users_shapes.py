@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from benchmarks import bench
+from benchmarks import bench, cli
 from benchmarks.bench import buffer_sets, graph_ms
 from neuralops_gqa.selfcheck import hf_repeat_kv
 
@@ -269,9 +269,6 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def combine(reports: list[dict[str, Any]]) -> dict[str, Any]:
     """One report from runs on the same machine (other grids, dtypes or repeat counts): every
     run's command and settings, all rows, cliffs and targets computed over all of them."""
-    machines = {json.dumps(r["machine"], sort_keys=True) for r in reports}
-    if len(machines) != 1:
-        raise ValueError("--combine: the reports come from different machines")
     runs = [{k: r[k] for k in ("command", "settings", "repeats", "ceiling_gbs")} for r in reports]
     combined = {**reports[0], "runs": runs, "rows": [row for r in reports for row in r["rows"]]}
     for key in ("command", "settings", "repeats"):
@@ -301,27 +298,6 @@ def parse_settings(text: str) -> Any:
         ) from None
 
 
-def _names(text: str) -> list[str]:
-    return [n.strip() for n in text.split(",") if n.strip()]
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(n) for n in _names(text)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: every value must be a positive integer")
-    return values
-
-
-def _positive(text: str) -> int:
-    value = _ints(text)
-    if len(value) != 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not one positive integer")
-    return value[0]
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.users_shapes",
@@ -329,23 +305,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for users-shapes.json")
     parser.add_argument(
-        "--dtypes", type=_names, default=["bfloat16"], help="comma-separated: bfloat16, float16, float32"
+        "--dtypes",
+        type=cli.names(DTYPES, "dtype"),
+        default=["bfloat16"],
+        help="comma-separated: bfloat16, float16, float32",
     )
     parser.add_argument(
-        "--directions", type=_names, default=["forward", "backward"], help="forward, backward or both"
+        "--directions",
+        type=cli.names(("forward", "backward"), "direction"),
+        default=["forward", "backward"],
+        help="forward, backward or both",
     )
-    parser.add_argument("--configs", type=_names, default=None, help="model configurations (default: all)")
-    parser.add_argument("--seqs", type=_ints, default=list(SEQS), help="sequence lengths")
-    parser.add_argument("--batches", type=_ints, default=list(BATCHES), help="batch sizes")
     parser.add_argument(
-        "--layouts", type=_names, default=["bhnd", "bnhd"], help="bhnd, bnhd (bnhd on a few configs)"
+        "--configs",
+        type=cli.names((c[0] for c in CONFIGS), "config"),
+        default=None,
+        help="model configurations (default: all)",
     )
-    parser.add_argument("--repeats", type=_positive, default=2, help="fresh processes per point")
+    parser.add_argument("--seqs", type=cli.positive_ints, default=list(SEQS), help="sequence lengths")
+    parser.add_argument("--batches", type=cli.positive_ints, default=list(BATCHES), help="batch sizes")
+    parser.add_argument(
+        "--layouts",
+        type=cli.names(("bhnd", "bnhd"), "layout"),
+        default=["bhnd", "bnhd"],
+        help="bhnd, bnhd (bnhd on a few configs)",
+    )
+    parser.add_argument("--repeats", type=cli.at_least(1), default=2, help="fresh processes per point")
     parser.add_argument(
         "--settings", type=parse_settings, default="", help="launch-settings candidate NAME=VALUE,..."
     )
-    parser.add_argument("--warmup-ms", type=_positive, default=10, help="do_bench warm-up per timing")
-    parser.add_argument("--rep-ms", type=_positive, default=40, help="do_bench repetitions per timing")
+    parser.add_argument("--warmup-ms", type=cli.at_least(1), default=10, help="do_bench warm-up per timing")
+    parser.add_argument("--rep-ms", type=cli.at_least(1), default=40, help="do_bench repetitions per timing")
     parser.add_argument("--combine", type=Path, nargs="+", default=None, metavar="JSON",
                         help="write one report from these users-shapes.json files (same machine) and exit")  # fmt: skip
     parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
@@ -355,23 +345,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    for name, given, known in (
-        ("--dtypes", args.dtypes, DTYPES),
-        ("--directions", args.directions, ("forward", "backward")),
-        ("--configs", args.configs or [], [c[0] for c in CONFIGS]),
-        ("--layouts", args.layouts, ("bhnd", "bnhd")),
-    ):
-        unknown = [g for g in given if g not in known]
-        if unknown:
-            parser.error(f"{name}: unknown {', '.join(unknown)} (choose from {', '.join(known)})")
-    if args.out.exists() and not args.out.is_dir():
-        parser.error(f"--out {args.out} is a file; give a folder")
+    cli.output_folder(parser, args.out)
     if args.combine:
-        missing = [str(p) for p in args.combine if not p.is_file()]
-        if missing:
-            parser.error(f"--combine: no such file: {', '.join(missing)}")
         try:
-            report = combine([json.loads(p.read_text()) for p in args.combine])
+            report = combine(cli.read_reports(parser, args.combine, "--combine"))
         except (ValueError, KeyError) as error:
             parser.error(f"--combine: {error}")
         args.out.mkdir(parents=True, exist_ok=True)

@@ -264,19 +264,6 @@ def compiler_decomposition(body: Callable[..., Any]) -> tuple[type, Callable[...
     return FunctionalTensorMode, rule
 
 
-def record_triton_kernels(op_name: str, kernels: list[Any]) -> None:
-    """Tell AOTAutograd's cache which Triton kernels op ``op_name`` launches in compiled
-    graphs, so their source is part of its key (what ``triton_op`` records when it is defined)."""
-    if not ENABLED:
-        return
-    try:
-        from torch._library import triton as library_triton
-
-        library_triton.triton_ops_to_kernels[op_name] = kernels
-    except Exception as e:
-        _disable("keying AOTAutograd's cache on the kernels' source", e)
-
-
 # --- torch: a clear error for jagged nested tensors ------------------------------------
 
 

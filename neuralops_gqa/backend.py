@@ -59,9 +59,7 @@ def triton_kernels() -> ModuleType:
                 'triton extra (pip install ".[triton]" from a checkout, or pip install triton; CUDA builds '
                 f"of PyTorch on Linux bring it), or set {BACKEND_ENV}=torch for the PyTorch reference"
             ) from None
-        from csrc_free_ops import gqa_triton, private_internals
+        from csrc_free_ops import gqa_triton
 
-        # Compiled graphs launch the reduction kernel (the traced body of gqa_reduce).
-        private_internals.record_triton_kernels("neuralops::gqa_reduce", [gqa_triton.reduce_bwd_kernel])
         _kernels = gqa_triton
     return _kernels

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from neuralops_gqa.transforms import NAMES
 from neuralops_gqa.validation import check_inputs
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
 _OPS = ("gqa_expand", "gqa_reduce")
-_NAMES = {"gqa_expand": ("k", "v"), "gqa_reduce": ("grad_k", "grad_v")}
+
 # Partial reduce ops that commute with each op: a copy commutes with any elementwise
 # reduction across ranks; a sum only with a sum (avg is a sum over a constant).
 _COMMUTING_REDUCE_OPS: dict[str, frozenset[str] | None] = {
@@ -116,7 +117,7 @@ def _dtensor_rule(cls: type, func: Any, types: Any, args: tuple[Any, ...], kwarg
     from torch.distributed.tensor import DTensor
 
     op = func._schema.name.split("::")[-1]
-    names = _NAMES[op]
+    names = NAMES[op]
     a, b, num_kv_heads, num_heads = (*args, *kwargs.values())
     for name, x in zip(names, (a, b)):
         if not isinstance(x, DTensor):
