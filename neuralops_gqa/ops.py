@@ -14,6 +14,7 @@ modules named for them: ``validation`` (the one check of the arguments), ``backe
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import torch
@@ -74,7 +75,15 @@ def _define(body: Callable[..., tuple[Tensor, Tensor]]) -> CustomOpDef:
     name = f"neuralops::{body.__name__}"
     decomposition = private_internals.compiler_decomposition(body)
     if decomposition is None:
-        defined: CustomOpDef = torch.library.triton_op(name, body, mutates_args=())  # type: ignore[assignment]
+        # Without Triton installed, triton_op logs a warning per op that there are no kernels
+        # to find; there are none to find here either way (the body is ATen), so quietly.
+        triton_log = logging.getLogger("torch._library.triton")
+        level = triton_log.level
+        triton_log.setLevel(logging.ERROR)
+        try:
+            defined: CustomOpDef = torch.library.triton_op(name, body, mutates_args=())  # type: ignore[assignment]
+        finally:
+            triton_log.setLevel(level)
         return defined
     op = torch.library.custom_op(name, body, mutates_args=())
     op.register_torch_dispatch(*decomposition)

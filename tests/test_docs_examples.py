@@ -8,6 +8,8 @@ comment right before a block's fence (blank lines may separate them) says how to
   as one program);
 - ``needs cuda``: skipped, with that reason, on a machine without a CUDA device;
 - ``needs MODULE``: skipped, with that reason, where ``import MODULE`` fails (an optional extra);
+- ``needs private-internals``: skipped, with that reason, where ``NEURALOPS_GQA_PRIVATE_INTERNALS=0``
+  turns them off (a block that shows what only they make work);
 - ``torchrun N``: written to a file and run with ``torchrun --standalone --nproc-per-node N``
   (with ``needs cuda``, skipped where fewer than N CUDA devices exist);
 - ``skip REASON``: never run, the reason printed (for a block that cannot run anywhere CI
@@ -28,6 +30,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from csrc_free_ops import private_internals
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -119,6 +123,9 @@ def _skip_reason(example: Example) -> str:
                 return f"{example.name} needs a CUDA device"
             if example.ranks > torch.cuda.device_count():
                 return f"{example.name} needs {example.ranks} CUDA devices"
+        elif need == "private-internals":
+            if not private_internals.ENABLED:
+                return f"{example.name} needs the private internals ({private_internals.ENV}=0 here)"
         elif importlib.util.find_spec(need) is None:
             return f"{example.name} needs {need} (not installed)"
     return ""
