@@ -27,7 +27,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -37,24 +37,13 @@ from torch import Tensor
 
 import neuralops_gqa
 from benchmarks import cli
-from benchmarks.bench import machine_info
+from benchmarks.bench import Shape, machine_info
 from neuralops_gqa.selfcheck import hf_repeat_kv
 
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    batch: int
-    kv_heads: int
-    heads: int
-    seq: int
-    dim: int
-
-
 CASES = (
-    Case("gqa", 8, 8, 32, 1024, 128),
-    Case("mqa", 8, 1, 32, 1024, 128),
-    Case("mqa-batch-1", 1, 1, 32, 4096, 128),
+    Shape("gqa", 8, 8, 32, 1024, 128),
+    Shape("mqa", 8, 1, 32, 1024, 128),
+    Shape("mqa-batch-1", 1, 1, 32, 4096, 128),
 )
 CONSUMERS = ("sdpa", "eager")
 EXPANSIONS = ("hf", "neuralops_repeat_kv", "neuralops_op", "enable_gqa")
@@ -91,7 +80,7 @@ def block(consumer: str, expansion: str) -> Callable[[Tensor, Tensor, Tensor], T
     return attention
 
 
-def inputs(case: Case, dtype: torch.dtype, device: str) -> tuple[Tensor, Tensor, Tensor]:
+def inputs(case: Shape, dtype: torch.dtype, device: str) -> tuple[Tensor, Tensor, Tensor]:
     gen = torch.Generator(device=device).manual_seed(0)
 
     def one(heads: int) -> Tensor:
@@ -116,7 +105,7 @@ def median_ms(fn: Callable[[], object], device: str, warmup_ms: int, rep_ms: int
 
 
 def measure(
-    case: Case,
+    case: Shape,
     consumer: str,
     expansion: str,
     mode: str,
