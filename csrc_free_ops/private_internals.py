@@ -16,6 +16,8 @@ registers the ops (``neuralops_gqa``) builds on them. What they buy:
   ops' Python autograd wrapper is most of a small eager call), computes forward-mode
   tangents (custom ops drop them), and works under every ``torch.func`` transform (custom
   ops' generated ``autograd.Function`` fails under ``grad``, ``vjp``, ``jacrev``, ``hessian``).
+- **AOTAutograd's table of the Triton kernels each op launches**
+  (``torch._library.triton.triton_ops_to_kernels``), which keys its cache of compiled graphs.
 - **The jagged nested tensor class**, so those get a clear error.
 
 ``NEURALOPS_GQA_PRIVATE_INTERNALS=0`` (read at import) turns all of them off, leaving public
@@ -262,6 +264,22 @@ def compiler_decomposition(body: Callable[..., Any]) -> tuple[type, Callable[...
             return body(*args, **kwargs)
 
     return FunctionalTensorMode, rule
+
+
+def record_triton_kernels(op_names: tuple[str, ...], kernels: list[Any]) -> None:
+    """Tell AOTAutograd's cache which Triton kernels the ops' compiled graphs launch now
+    (what ``torch.library.triton_op`` records when it defines an op), so a cached graph is
+    keyed on their source: a changed kernel, or a backend switched between runs (an empty
+    list: the reference), is a cache miss, not another run's compiled code."""
+    if not ENABLED:
+        return
+    try:
+        from torch._library import triton as library_triton
+
+        for name in op_names:
+            library_triton.triton_ops_to_kernels[name] = kernels
+    except Exception as e:
+        _disable("keying the cache of compiled graphs on the kernels' source", e)
 
 
 # --- torch: a clear error for jagged nested tensors ------------------------------------

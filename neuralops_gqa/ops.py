@@ -170,13 +170,23 @@ def gqa_reduce(grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: int
     return _reduce_in_aten(grad_k, grad_v, num_kv_heads, num_heads)
 
 
+def _key_compiled_graphs(x: Tensor) -> None:
+    """Check the backend variable, and key AOTAutograd's cache of compiled graphs on the
+    kernels the traced bodies launch for ``x``'s device: our reduction kernel (the backward
+    of both ops) on CUDA with the Triton backend, none otherwise. Tracing runs the fake
+    implementations before that cache is looked up."""
+    backend()
+    kernels = [triton_kernels().reduce_bwd_kernel] if x.is_cuda and use_triton(x) else []
+    private_internals.record_triton_kernels(("neuralops::gqa_expand", "neuralops::gqa_reduce"), kernels)
+
+
 # Fake implementations: shapes only, for FakeTensor/meta tracing (compile, export). They
 # validate exactly like the real ones, so bad input fails at trace time with the same message.
 @gqa_expand.register_fake
 @_gqa_expand_opaque.register_fake
 def _gqa_expand_fake(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
     check_inputs("gqa_expand", ("k", "v"), k, v, num_kv_heads, num_heads)
-    backend()
+    _key_compiled_graphs(k)
     batch, _, seq, _ = k.shape
     return k.new_empty((batch, num_heads, seq, k.shape[3])), v.new_empty((batch, num_heads, seq, v.shape[3]))
 
@@ -186,7 +196,7 @@ def _gqa_reduce_fake(
     grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: int
 ) -> tuple[Tensor, Tensor]:
     check_inputs("gqa_reduce", ("grad_k", "grad_v"), grad_k, grad_v, num_kv_heads, num_heads)
-    backend()
+    _key_compiled_graphs(grad_k)
     batch, _, seq, _ = grad_k.shape
     return (
         grad_k.new_empty((batch, num_kv_heads, seq, grad_k.shape[3])),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,9 @@ from torch._dynamo.utils import counters
 from torch.library import opcheck
 
 import neuralops_gqa
-from helpers import Expand, GQAttention, make_tensor, op_expand
+from csrc_free_ops import private_internals
+from helpers import AOTI_LOADER_CRASHES, Expand, GQAttention, make_tensor, op_expand
+from neuralops_gqa.backend import BACKEND_ENV
 
 pytestmark = pytest.mark.slow
 
@@ -212,7 +215,7 @@ def test_aoti_package_holds_the_op(device: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.xfail(
-    torch.cuda.is_available() and torch.__version__.startswith("2.11."),
+    AOTI_LOADER_CRASHES,
     reason="torch 2.11's aoti_load_package crashed (SIGSEGV) on every CUDA package on an H200, "
     "packages without this op included (docs/verification/h200-aoti.log)",
     strict=False,
@@ -246,6 +249,74 @@ def test_inductor_launches_the_kernels(device: str) -> None:
         assert "expand_fwd_kernel" not in code
     torch.testing.assert_close(out, k.detach().repeat_interleave(4, 1))
     torch.testing.assert_close(k.grad, 2 * k.detach().repeat_interleave(4, 1).unflatten(1, (2, 4)).sum(2))
+
+
+@pytest.mark.skipif(
+    not private_internals.ENABLED,
+    reason=f"keying the cache on the kernels needs the private internals ({private_internals.ENV}=0 here)",
+)
+@pytest.mark.parametrize(
+    ("device_type", "choice", "keyed"),
+    [("cuda", "auto", True), ("cuda", "triton", True), ("cuda", "torch", False), ("cpu", "auto", False)],
+)
+def test_compiled_graphs_are_cached_under_the_kernels(
+    monkeypatch: pytest.MonkeyPatch, device_type: str, choice: str, keyed: bool
+) -> None:
+    """AOTAutograd caches compiled graphs under the Triton kernels each op's traced body
+    launches: tracing on CUDA with the Triton backend names our reduction kernel (the
+    backward of both ops), the reference none. So a changed kernel, or a backend switched
+    between runs, is a cache miss. Fake CUDA tensors: this runs on a CPU too."""
+    from torch._library.triton import get_triton_kernels_for_op
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from csrc_free_ops import gqa_triton
+
+    monkeypatch.setenv(BACKEND_ENV, choice)
+    with FakeTensorMode():
+        x = torch.empty(1, 2, 3, 4, device=device_type)
+        torch.ops.neuralops.gqa_expand(x, x, 2, 4)
+        assert get_triton_kernels_for_op("neuralops::gqa_expand") == (
+            [gqa_triton.reduce_bwd_kernel] if keyed else []
+        )
+        grad = torch.empty(1, 4, 3, 4, device=device_type)
+        torch.ops.neuralops.gqa_reduce(grad, grad, 2, 4)
+        assert get_triton_kernels_for_op("neuralops::gqa_reduce") == (
+            [gqa_triton.reduce_bwd_kernel] if keyed else []
+        )
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="Inductor's cache on CUDA (the CPU tests compile with aot_eager)"
+)
+@pytest.mark.skipif(
+    not private_internals.ENABLED,
+    reason=f"keying the cache on the kernels needs the private internals ({private_internals.ENV}=0 here)",
+)
+def test_switching_backend_misses_the_compiled_graph_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same graph compiled with the reference, then with the Triton backend: the second
+    compile is not served the first one's cached code (it launches our reduction kernel)."""
+    from torch._inductor.utils import run_and_get_code
+
+    # A sequence length no earlier run has compiled (static shapes are part of the key).
+    seq = random.SystemRandom().randrange(64, 1 << 16)
+    k = torch.randn(1, 2, seq, 16, device="cuda", requires_grad=True)
+
+    def step(k: torch.Tensor) -> torch.Tensor:
+        ko, _ = torch.ops.neuralops.gqa_expand(k, k, 2, 4)
+        ko.square().sum().backward()
+        return ko
+
+    codes = {}
+    for choice in ("torch", "triton"):
+        monkeypatch.setenv(BACKEND_ENV, choice)
+        k.grad = None
+        _, code = run_and_get_code(torch.compile(step), k)
+        codes[choice] = "\n".join(code)
+        torch.testing.assert_close(k.grad, 4 * k.detach())  # two copies of each head, d(x^2) = 2x
+    assert "reduce_bwd_kernel" not in codes["torch"]
+    assert "reduce_bwd_kernel" in codes["triton"], (
+        "the Triton backend's compile was served the reference's graph"
+    )
 
 
 def test_mark_dynamic_compiles_once(backend: str, device: str) -> None:

@@ -153,7 +153,10 @@ def test_compiled_training_step_matches_stock(
     logits_ref, grads_ref = _step(ref, batch)
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend="inductor" if device == "cuda" else "aot_eager")
-    logits, grads = _step(model, batch, compiled)
+    # Without the compiler's caches: a graph an earlier run compiled would be served from
+    # them, untraced, and this test checks what tracing sees.
+    with torch.compiler.config.patch(force_disable_caches=True):
+        logits, grads = _step(model, batch, compiled)
     # Traced into the graph, then taken apart for the backend: no real call at run time.
     assert {"traced gqa_expand", "traced gqa_reduce"} <= set(_names(op_calls))
     assert not [call for call in _names(op_calls) if not call.startswith("traced ")], op_calls
