@@ -11,6 +11,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+# torch 2.11's AOTInductor loader crashed the loading process (SIGSEGV) on the H200 image
+# we test on, for CUDA packages (docs/verification/h200-aoti.log) and CPU ones (the docs'
+# example): docs/usage/limitations.md.
+AOTI_LOADER_CRASHES = torch.cuda.is_available() and torch.__version__.startswith("2.11.")
+
 FORWARD_DTYPES = (
     torch.float64,
     torch.float32,

@@ -8,6 +8,8 @@ comment right before a block's fence (blank lines may separate them) says how to
   as one program);
 - ``needs cuda``: skipped, with that reason, on a machine without a CUDA device;
 - ``needs MODULE``: skipped, with that reason, where ``import MODULE`` fails (an optional extra);
+- ``needs aoti-loader``: skipped, with that reason, where PyTorch's AOTInductor loader is known
+  to crash (torch 2.11 on CUDA machines, docs/usage/limitations.md);
 - ``needs private-internals``: skipped, with that reason, where ``NEURALOPS_GQA_PRIVATE_INTERNALS=0``
   turns them off (a block that shows what only they make work);
 - ``torchrun N``: written to a file and run with ``torchrun --standalone --nproc-per-node N``
@@ -32,6 +34,7 @@ import pytest
 import torch
 
 from csrc_free_ops import private_internals
+from helpers import AOTI_LOADER_CRASHES
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -123,6 +126,9 @@ def _skip_reason(example: Example) -> str:
                 return f"{example.name} needs a CUDA device"
             if example.ranks > torch.cuda.device_count():
                 return f"{example.name} needs {example.ranks} CUDA devices"
+        elif need == "aoti-loader":
+            if AOTI_LOADER_CRASHES:
+                return f"{example.name} needs an AOTInductor loader that works (torch 2.11's crashes here)"
         elif need == "private-internals":
             if not private_internals.ENABLED:
                 return f"{example.name} needs the private internals ({private_internals.ENV}=0 here)"

@@ -196,6 +196,13 @@ def test_dtypes_under_inductor(device: str, dtype: torch.dtype) -> None:
     bits = torch.randint(0, 127, (2, 2, 3, 4), generator=torch.Generator().manual_seed(0)).to(width)
     x = bits.to(device).view(dtype)
     torch._dynamo.reset()
-    k_out, _ = torch.compile(lambda k: torch.ops.neuralops.gqa_expand(k, k, 2, 4), fullgraph=True)(x)
+    compiled = torch.compile(lambda k: torch.ops.neuralops.gqa_expand(k, k, 2, 4), fullgraph=True)
+    if dtype not in torch.fx.graph.dtype_abbrs:
+        # torch 2.11: AOTAutograd prints every graph it compiles, and its printer has no name
+        # for bits8, so any graph holding a bits8 tensor fails (docs/usage/limitations.md).
+        with pytest.raises(Exception, match=str(dtype)):
+            compiled(x)
+        pytest.skip(f"{dtype} under torch.compile fails in torch {torch.__version__} itself (checked)")
+    k_out, _ = compiled(x)
     assert k_out.dtype == dtype
     assert torch.equal(k_out.view(width).cpu(), bits.repeat_interleave(2, 1))
