@@ -216,7 +216,9 @@ def kernel_form_op() -> Callable[[Tensor, Tensor, int, int], tuple[Tensor, Tenso
 
 
 def _graph_expand_kernel(k: Tensor, v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]:
-    return kernel_form_op()(k, v, k.shape[1], k.shape[1] * n_rep)
+    # The op by name, not kernel_form_op(): dynamo traces through functools.cache into the
+    # definition, which it can't trace (graph_providers defines the op before compiling).
+    return torch.ops.neuralops_bench.gqa_expand_kernel(k, v, k.shape[1], k.shape[1] * n_rep)  # type: ignore[no-any-return]
 
 
 def _graph_scale_kernel(k: Tensor, v: Tensor, n_rep: int) -> tuple[Tensor, Tensor]:

@@ -39,7 +39,7 @@ for stage in "$@"; do
         ;;
     host)
         for private in 1 0; do
-            NEURALOPS_GQA_PRIVATE_INTERNALS=$private python -m neuralops_gqa.bench --parts host \
+            NEURALOPS_GQA_PRIVATE_INTERNALS=$private python -m benchmarks.bench --parts host \
                 --shapes small --out "$out/host-private-$private" >"$out/host-private-$private.log" 2>&1 || status=1
             grep -iE "neuralops|hf_eager|launcher" "$out/host-private-$private.log" | head -8
         done

@@ -310,6 +310,20 @@ def test_new_schema_renders_compiled_section() -> None:
         "in GPU time 0.80x-0.80x (1 case); in wall-clock timings (the small shape, `reduce-overhead` loops) 0.80x-1.20x (4 cases"
         in summary
     )
+    assert "left out" not in summary
+    # One KV head: repeat_kv's expansion alone is a view (no copy), not a speedup to report.
+    mqa = next(r["shape"] for r in report["results"] if r["shape"]["kv_heads"] == 1)
+    gpu.append(
+        {
+            **gpu[0],
+            "shape": mqa,
+            "workload": "expand",
+            "median_ms": {"neuralops": 0.05, "compiled_hf": 0.0002},
+        }
+    )
+    summary = markdown.readme_paragraph(report, "docs/benchmarks.md")
+    assert "in GPU time 0.80x-0.80x (1 case)" in summary
+    assert "(1 case of one KV head's expansion alone left out: there `repeat_kv` returns a view" in summary
     # The README states the true minimum, truncated, never rounded up to a target.
     backward = [
         r["pct_of_ceiling"]["neuralops"]
@@ -452,3 +466,13 @@ def test_committed_users_shapes_summary_matches_its_rows() -> None:
     again = users_shapes.resummarise(copy.deepcopy(data))
     assert again["targets"] == data["targets"]
     assert [r["cliff"] for r in again["rows"]] == [r["cliff"] for r in data["rows"]]
+
+
+def test_kernel_form_compiles_in_one_graph(device: str) -> None:
+    """The benchmark's kernel-form op traces into one graph (it is looked up by name inside
+    the compiled function; calling its cached definition there is a graph break)."""
+    bench.kernel_form_op()
+    k = torch.randn(1, 2, 3, 8, device=device)
+    torch._dynamo.reset()
+    k_out, v_out = torch.compile(bench._graph_expand_kernel, backend="eager", fullgraph=True)(k, k, 2)
+    assert torch.equal(k_out, k.repeat_interleave(2, 1)) and torch.equal(v_out, k_out)
