@@ -83,7 +83,7 @@ class LaunchSettings:
     # put more loads in flight and even out the SMs' shares; tiles shrink down to
     # LONG_GROUP_MIN_TILE_BYTES while the grid is under LONG_GROUP_WAVES waves.
     LONG_GROUP_WAVES: int = 8
-    LONG_GROUP_MIN_TILE_BYTES: int = 1024
+    LONG_GROUP_MIN_TILE_BYTES: int = 512
     # Cache hints for short groups (0 turns them off): the expansion loads its input tile
     # evict_last (rep-major programs re-read it) and stores streaming (.cs); the reduction
     # loads through L2 only (.cg) instead of evict_first. Long groups lose with them.
