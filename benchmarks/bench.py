@@ -983,10 +983,12 @@ SWEEP_BACKWARD: dict[str, tuple[int, ...]] = {
     "REDUCE_UNROLL": (8, 16),
     "CACHE_HINTS": (0, 1),
 }
-# The reduction of long groups (MQA) on its own: how finely to split the sequence.
+# The reduction of long groups (MQA) on its own: how finely to split the sequence, and how
+# many warps share a tile.
 SWEEP_LONG_GROUPS: dict[str, tuple[int, ...]] = {
     "LONG_GROUP_WAVES": (4, 8, 16, 32),
     "LONG_GROUP_MIN_TILE_BYTES": (256, 512, 1024, 2048),
+    "LONG_GROUP_BYTES_PER_WARP": (256, 1024),
     "REDUCE_UNROLL": (8, 16),
 }
 

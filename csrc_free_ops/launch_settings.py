@@ -84,6 +84,8 @@ class LaunchSettings:
     # LONG_GROUP_MIN_TILE_BYTES while the grid is under LONG_GROUP_WAVES waves.
     LONG_GROUP_WAVES: int = 8
     LONG_GROUP_MIN_TILE_BYTES: int = 512
+    # Long groups' tile bytes per warp (BYTES_PER_WARP's two vectors per thread).
+    LONG_GROUP_BYTES_PER_WARP: int = 32 * 16 * 2
     # Cache hints for short groups (0 turns them off): the expansion loads its input tile
     # evict_last (rep-major programs re-read it) and stores streaming (.cs); the reduction
     # loads through L2 only (.cg) instead of evict_first. Long groups lose with them.
@@ -186,7 +188,7 @@ class LaunchSettings:
         if n_rep <= self.SHORT_GROUP_MAX_REPS:
             return self._tiling(rows, cols, itemsize, heads, self.REDUCE_SHORT_GROUP_BYTES_PER_WARP, device,
                                 sizes_known, self.WAVES, self.MIN_TILE_BYTES)  # fmt: skip
-        return self._tiling(rows, cols, itemsize, heads, self.BYTES_PER_WARP, device, sizes_known,
+        return self._tiling(rows, cols, itemsize, heads, self.LONG_GROUP_BYTES_PER_WARP, device, sizes_known,
                             self.LONG_GROUP_WAVES, self.LONG_GROUP_MIN_TILE_BYTES)  # fmt: skip
 
     def reduce_unroll(self, n_rep: int) -> int:

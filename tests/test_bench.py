@@ -119,10 +119,11 @@ def test_other_benchmarks_refuse_bad_arguments(
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
 def test_cuda_only_benchmarks_say_so(capsys: pytest.CaptureFixture[str]) -> None:
-    from benchmarks import e2e_transformers, users_shapes
+    from benchmarks import e2e_transformers, profile_points, users_shapes
 
     for main, argv, message in (
         (users_shapes.main, [], "times Triton kernels on a CUDA GPU; there is none here"),
+        (lambda argv: profile_points.main(), [], "launches CUDA kernels; there is no GPU here"),
         (e2e_transformers.main, ["--device", "cuda"], "--device cuda: no CUDA device is available here"),
     ):
         with pytest.raises(SystemExit) as exc:
