@@ -472,6 +472,12 @@ def test_committed_users_shapes_summary_matches_its_rows() -> None:
 def test_kernel_form_compiles_in_one_graph(device: str) -> None:
     """The benchmark's kernel-form op traces into one graph (it is looked up by name inside
     the compiled function; calling its cached definition there is a graph break)."""
+    from csrc_free_ops import gqa_triton
+
+    try:
+        torch.library.wrap_triton(gqa_triton.expand_fwd_kernel)
+    except RuntimeError as error:  # torch 2.11 on Triton's interpreter
+        pytest.skip(f"this torch's wrap_triton can't launch an interpreted kernel ({error})")
     bench.kernel_form_op()
     k = torch.randn(1, 2, 3, 8, device=device)
     torch._dynamo.reset()
