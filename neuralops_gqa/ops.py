@@ -43,6 +43,13 @@ def _reduce_in_aten(
     return reduce_reference(grad_k, num_kv_heads), reduce_reference(grad_v, num_kv_heads)
 
 
+def _launches_kernel(x: Tensor) -> bool:
+    """Whether the traced body of ``gqa_reduce`` launches our kernel for ``x``: on CUDA with
+    the Triton backend (the Triton interpreter stays out of compiled code: it can't run on
+    fake tensors)."""
+    return x.is_cuda and use_triton(x)
+
+
 # Dtypes Inductor generates no code for (any operation on them fails there, a view
 # included): their expansion stays one opaque call of the eager kernel in compiled graphs.
 _NO_INDUCTOR_DTYPES = frozenset(
@@ -162,10 +169,8 @@ def gqa_reduce(grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: int
         ((1, 2, 3, 2), 2.0)
     """
     check_inputs("gqa_reduce", ("grad_k", "grad_v"), grad_k, grad_v, num_kv_heads, num_heads)
-    # On CUDA with the Triton backend: our kernel, launched through wrap_triton, which
-    # Inductor generates code for. The Triton interpreter stays out of compiled code: it
-    # can't run on fake tensors.
-    if grad_k.is_cuda and use_triton(grad_k):
+    # Our kernel, launched through wrap_triton, which Inductor generates code for.
+    if _launches_kernel(grad_k):
         return triton_kernels().reduce_backward(grad_k, grad_v, num_heads // num_kv_heads, traced=True)  # type: ignore[no-any-return]
     return _reduce_in_aten(grad_k, grad_v, num_kv_heads, num_heads)
 
@@ -173,10 +178,10 @@ def gqa_reduce(grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: int
 def _key_compiled_graphs(x: Tensor) -> None:
     """Check the backend variable, and key AOTAutograd's cache of compiled graphs on the
     kernels the traced bodies launch for ``x``'s device: our reduction kernel (the backward
-    of both ops) on CUDA with the Triton backend, none otherwise. Tracing runs the fake
-    implementations before that cache is looked up."""
+    of both ops) where ``gqa_reduce``'s body launches it, none otherwise. Tracing runs the
+    fake implementations before that cache is looked up."""
     backend()
-    kernels = [triton_kernels().reduce_bwd_kernel] if x.is_cuda and use_triton(x) else []
+    kernels = [triton_kernels().reduce_bwd_kernel] if _launches_kernel(x) else []
     private_internals.record_triton_kernels(("neuralops::gqa_expand", "neuralops::gqa_reduce"), kernels)
 
 
