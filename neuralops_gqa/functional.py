@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from neuralops_gqa.backend import backend
-from neuralops_gqa.validation import check_inputs
+from neuralops_gqa.validation import check_inputs, check_tensor
 
 
 def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
@@ -72,26 +72,21 @@ def repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
 
     Raises:
         TypeError: ``hidden_states`` is not a tensor or ``n_rep`` not an int.
-        ValueError: ``n_rep`` is not positive or ``hidden_states`` is not 4-D (whatever
-            ``n_rep``, 1 included), or ``NEURALOPS_GQA_BACKEND`` is not a known backend.
+        ValueError: ``n_rep`` is not positive, ``hidden_states`` is not a 4-D dense tensor
+            of a real dtype (whatever ``n_rep``, 1 included), or ``NEURALOPS_GQA_BACKEND``
+            is not a known backend.
 
     Example:
         >>> x = torch.randn(1, 2, 3, 4)
         >>> bool((repeat_kv(x, 3) == x.repeat_interleave(3, dim=1)).all())
         True
     """
-    # The same checks whatever the route, so n_rep == 1 or one KV head can't pass what
-    # another call refuses. Messages are formatted only when a check fails: an eager call
-    # is a hot path.
-    if not isinstance(hidden_states, Tensor):
-        raise TypeError(f"repeat_kv: hidden_states must be a Tensor, got {type(hidden_states).__name__}")
+    # The op's own checks of the tensor, whatever the route, so n_rep == 1 or one KV head
+    # can't pass what another call refuses. Messages are formatted only when a check
+    # fails: an eager call is a hot path.
+    check_tensor("repeat_kv", "hidden_states", hidden_states)
     if isinstance(n_rep, bool) or not isinstance(n_rep, (int, torch.SymInt)):
         raise TypeError(f"repeat_kv: n_rep must be an int, got {type(n_rep).__name__}")
-    if hidden_states.dim() != 4:
-        message = (
-            f"repeat_kv: hidden_states must be 4-D [B, H_kv, N, D], got shape {tuple(hidden_states.shape)}"
-        )
-        torch._check_value(False, lambda: message)
     if n_rep < 1:
         message = f"repeat_kv: n_rep must be a positive int, got {n_rep}"
         torch._check_value(False, lambda: message)

@@ -52,6 +52,24 @@ def _require(cond: object, template: str, *values: object, error: type[Exception
     torch._check_with(error, cond, lambda: message)
 
 
+def check_tensor(op: str, name: str, x: object, gradient: bool = False) -> None:
+    """Raise a ``TypeError``/``ValueError`` naming ``name`` unless ``x`` is a 4-D dense tensor
+    of a dtype the op takes (a real dtype; for a ``gradient``, a floating one it sums).
+
+    What a tensor is (its rank, layout, dtype) is never symbolic: plain tests.
+    """
+    if not isinstance(x, Tensor):  # the schema lets None through as an undefined tensor
+        raise TypeError(f"{op}: {name} must be a Tensor, got {type(x).__name__}")
+    if x.dim() != 4:
+        raise ValueError(f"{op}: {name} must be 4-D [B, H, N, D], got shape {_shown(x.shape)}")
+    if x.layout != torch.strided or x.is_quantized:
+        raise ValueError(f"{op}: {name} must be a dense tensor, got layout {x.layout} and dtype {x.dtype}")
+    if gradient and x.dtype not in REDUCE_DTYPES:
+        raise ValueError(f"{op}: {name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
+    if not gradient and x.dtype.is_complex:
+        raise ValueError(f"{op}: {name} must have a real dtype, got {x.dtype}")
+
+
 def check_inputs(
     op: str, names: tuple[str, str], a: Tensor, b: Tensor, num_kv_heads: int, num_heads: int
 ) -> None:
@@ -61,20 +79,8 @@ def check_inputs(
     ``(grad_k, grad_v)`` for ``gqa_reduce`` (head dim ``num_heads``).
     """
     reduce = op == "gqa_reduce"
-    # What a tensor is (its rank, layout, dtype, device) is never symbolic: plain tests.
-    for name, x in ((names[0], a), (names[1], b)):
-        if not isinstance(x, Tensor):  # the schema lets None through as an undefined tensor
-            raise TypeError(f"{op}: {name} must be a Tensor, got {type(x).__name__}")
-        if x.dim() != 4:
-            raise ValueError(f"{op}: {name} must be 4-D [B, H, N, D], got shape {_shown(x.shape)}")
-        if x.layout != torch.strided or x.is_quantized:
-            raise ValueError(
-                f"{op}: {name} must be a dense tensor, got layout {x.layout} and dtype {x.dtype}"
-            )
-        if reduce and x.dtype not in REDUCE_DTYPES:
-            raise ValueError(f"{op}: {name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
-        if not reduce and x.dtype.is_complex:
-            raise ValueError(f"{op}: {name} must have a real dtype, got {x.dtype}")
+    check_tensor(op, names[0], a, reduce)
+    check_tensor(op, names[1], b, reduce)
     if a.device != b.device:
         raise RuntimeError(
             f"{op}: {names[0]} and {names[1]} must be on one device, got {a.device} and {b.device}"

@@ -234,6 +234,23 @@ def test_repeat_kv_checks_whatever_n_rep() -> None:
     assert neuralops_gqa.repeat_kv(x, 1) is x
 
 
+def test_repeat_kv_refuses_what_the_op_refuses_on_every_route() -> None:
+    """n_rep == 1 and one KV head return views without calling the op; a tensor the op
+    refuses (complex, sparse, quantized) is refused there too, with the op's message."""
+    dense = _t(1, 1, 3, 4)
+    refused = {
+        "complex": (dense.to(torch.complex64), "must have a real dtype, got torch.complex64"),
+        "sparse": (dense.to_sparse(), "must be a dense tensor, got layout torch.sparse_coo"),
+        "quantized": (torch.quantize_per_tensor(dense, 0.1, 0, torch.qint8), "must be a dense tensor"),
+    }
+    for name, (x, message) in refused.items():
+        for kv_heads, n_rep in ((1, 1), (1, 4), (2, 1), (2, 2)):
+            one = x if kv_heads == 1 else torch.cat([x, x], dim=1)
+            with pytest.raises(ValueError, match=f"repeat_kv: hidden_states {message}"):
+                neuralops_gqa.repeat_kv(one, n_rep)
+                pytest.fail(f"{name}, {kv_heads} KV heads, n_rep {n_rep}: no error")
+
+
 @pytest.mark.skipif(
     not private_internals.ENABLED,
     reason=f"{private_internals.ENV}=0: the jagged tensor class is private, so the op's clear error is off "
