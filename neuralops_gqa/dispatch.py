@@ -22,9 +22,8 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
-from csrc_free_ops import private_internals
 from csrc_free_ops.reference import expand_reference, reduce_reference
-from neuralops_gqa import transforms
+from neuralops_gqa import private_internals, transforms
 from neuralops_gqa.backend import triton_kernels, use_triton
 from neuralops_gqa.validation import check_inputs
 

@@ -8,8 +8,8 @@ with what compilers see of them, the fake implementations, the autograd formulas
 batching rule, the eager kernels, and the ATen decomposition table. The pieces live in
 modules named for them: ``validation`` (the one check of the arguments), ``backend`` (the
 ``NEURALOPS_GQA_BACKEND`` switch), ``transforms`` (derivatives and batching), ``dispatch``
-(eager calls), and ``csrc_free_ops`` (the kernels and the reference, which know nothing of
-``torch.library``).
+(eager calls), ``private_internals`` (the private PyTorch internals these use, behind
+probes), and ``csrc_free_ops`` (the kernels and the reference, which register nothing).
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from csrc_free_ops import private_internals
 from csrc_free_ops.reference import expand_reference, reduce_reference
-from neuralops_gqa import dispatch, transforms
+from neuralops_gqa import dispatch, private_internals, transforms
 from neuralops_gqa.backend import backend, triton_kernels, use_triton
 from neuralops_gqa.validation import check_inputs
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from csrc_free_ops import private_internals
+from neuralops_gqa import private_internals
 
 REDUCE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 """The gradients' dtypes: ``gqa_reduce`` sums in float32 (float64 for float64)."""

@@ -84,3 +84,27 @@ def test_without_triton() -> None:
         result.stdout,
         result.stderr,
     )
+
+
+def test_the_kernel_package_knows_nothing_of_operators() -> None:
+    """``csrc_free_ops`` stands where a ``csrc/`` folder would: it imports nothing of the op
+    package nor of ``torch.library``'s or the compilers' internals, and of ``torch.library``
+    it calls only ``wrap_triton`` (a traced launch), so it registers nothing."""
+    import ast
+    from pathlib import Path
+
+    import csrc_free_ops
+
+    refused = ("neuralops_gqa", "torch._library", "torch.export", "torch._subclasses", "torch._functorch",
+               "torch._dynamo", "torch._inductor")  # fmt: skip
+    found = []
+    for path in sorted(Path(csrc_free_ops.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            found += [f"{path.name}: {n}" for n in names if n.startswith((*refused, "torch.library"))]
+            written = ast.unparse(node) if isinstance(node, ast.Attribute) else ""
+            if written.startswith(("torch.library.", *refused)) and written != "torch.library.wrap_triton":
+                found.append(f"{path.name}: {written}")
+    assert not found, found
