@@ -19,7 +19,7 @@ from torch import Tensor
 from torch.func import functional_call, grad, grad_and_value, hessian, jacfwd, jacrev, jvp, vjp, vmap
 
 from csrc_free_ops import private_internals
-from helpers import GQAttention, interleave_expand, op_expand
+from helpers import GQAttention, assert_bitwise_equal, assert_reduce_close, interleave_expand, op_expand
 
 EXPAND = torch.ops.neuralops.gqa_expand.default
 REDUCE = torch.ops.neuralops.gqa_reduce.default
@@ -84,13 +84,44 @@ def test_transform_matches_repeat_interleave(backend: str, device: str, op: str,
 
 
 @needs_internals
-@pytest.mark.parametrize("transform", ["grad", "jvp", "jacrev", "hessian"])
-def test_vmap_over_transform(backend: str, device: str, transform: str) -> None:
+@pytest.mark.parametrize("transform", TRANSFORMS)
+@pytest.mark.parametrize("op", CASES)
+def test_vmap_over_transform(backend: str, device: str, op: str, transform: str) -> None:
     """Per-sample transforms: a vmapped dim over each sample's own input."""
+    fn, ref = CASES[op]
     xs = torch.stack([_point(device), 2 * _point(device), -_point(device)])
-    actual = vmap(TRANSFORMS[transform](_expand_loss))(xs)
-    expected = vmap(TRANSFORMS[transform](_expand_loss_ref))(xs)
+    actual = vmap(TRANSFORMS[transform](fn))(xs)
+    expected = vmap(TRANSFORMS[transform](ref))(xs)
     torch.testing.assert_close(actual, expected, **TOL)
+
+
+@needs_internals
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_copies_are_exact_and_sums_accumulate_in_float32(
+    backend: str, device: str, dtype: torch.dtype
+) -> None:
+    """Where a transform's result is a copy (the expansion's tangents, the reduction's
+    cotangents) it equals repeat_interleave's bit for bit; where it is a group sum (the
+    expansion's cotangents, the reduction's tangents) it is the float32-accumulated sum."""
+    gen = torch.Generator().manual_seed(0)
+    k, v = (torch.randn(2, 2, 3, 8, generator=gen).to(device, dtype) for _ in range(2))  # 2 KV heads
+    gk, gv = (torch.randn(2, 8, 3, 8, generator=gen).to(device, dtype) for _ in range(2))  # 8 heads
+
+    _, (tk, tv) = jvp(lambda a, b: EXPAND(a, b, 2, 8), (k, v), (v, k))
+    assert_bitwise_equal(tk, v.repeat_interleave(4, 1))
+    assert_bitwise_equal(tv, k.repeat_interleave(4, 1))
+    _, pull = vjp(lambda a, b: REDUCE(a, b, 2, 8), gk, gv)
+    ck, cv = pull((k, v))
+    assert_bitwise_equal(ck, k.repeat_interleave(4, 1))
+    assert_bitwise_equal(cv, v.repeat_interleave(4, 1))
+
+    _, pull = vjp(lambda a, b: EXPAND(a, b, 2, 8), k, v)
+    sk, sv = pull((gk, gv))
+    assert_reduce_close(sk, gk, 2, op_output=False)
+    assert_reduce_close(sv, gv, 2, op_output=False)
+    _, (rk, rv) = jvp(lambda a, b: REDUCE(a, b, 2, 8), (gk, gv), (gv, gk))
+    assert_reduce_close(rk, gv, 2, op_output=False)
+    assert_reduce_close(rv, gk, 2, op_output=False)
 
 
 @needs_internals
