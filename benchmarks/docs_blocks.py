@@ -174,6 +174,7 @@ BLOCKS: dict[str, Callable[[list[str], dict[str, tuple[Report, Path]], Path], st
     "compiled-choice": _one_gpu(lambda r, _p, _g: markdown.compiled_choice(r)),
     "eager-peer-range": _one_gpu(lambda r, _p, _g: markdown.eager_peer_range(r)),
     "copy-ceiling": _one_gpu(lambda r, _p, _g: f"{r['ceiling_gbs']:.0f} GB/s"),
+    "worked-example": _one_gpu(lambda r, _p, _g: markdown.worked_example(r, "llama3-8b")),
     # docs/benchmarks.md: the end-to-end training step and the launch-settings variants,
     # from their own JSON files (python -m benchmarks.e2e_transformers,
     # and the hint runs).

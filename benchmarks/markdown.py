@@ -597,6 +597,20 @@ def eager_peer_range(report: Report) -> str:
     return f"{_range(pcts)}%" if pcts else "a fraction"
 
 
+def worked_example(report: Report, name: str) -> str:
+    """Shape ``name``'s bfloat16 forward in the run: our time, bandwidth and percent of the
+    ceiling, and Hugging Face's eager ``repeat_kv``'s percent (docs/design.md's example)."""
+    for r in report.get("results", []):
+        if r["shape"]["name"] == name and r["dtype"] == "bfloat16" and r["direction"] == "forward":
+            pct = r["pct_of_ceiling"]
+            return (
+                f"The benchmark measured {r['median_ms']['neuralops']:.4f} ms, {r['gbs']['neuralops']:.0f} GB/s, "
+                f"{pct['neuralops']:.1f}% of the ceiling; Hugging Face's eager `repeat_kv` on the same shape "
+                f"reached {pct['hf_eager']:.1f}% ({where(report)})."
+            )
+    return f"The committed run has no bfloat16 forward of {name}."
+
+
 def _host_clause(report: Report) -> str:
     host = report.get("host_overhead_us") or {}
     if "neuralops" not in host or "hf_eager" not in host:
