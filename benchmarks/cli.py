@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from neuralops_gqa.selfcheck import DTYPES
+
 
 def names(known: Iterable[str], noun: str) -> Callable[[str], list[str]]:
     """A comma-separated list of ``known`` names, at least one."""
@@ -23,6 +25,24 @@ def names(known: Iterable[str], noun: str) -> Callable[[str], list[str]]:
                 f"unknown {noun}(s) {', '.join(unknown) or '(none given)'} (choose from {', '.join(choices)})"
             )
         return list(dict.fromkeys(given))
+
+    return parse
+
+
+def dtype_names(allowed: Iterable[str]) -> Callable[[str], list[str]]:
+    """A comma-separated list of dtypes by any name the self-check takes (``bf16``,
+    ``torch.float16``, ``half``, ...), returned as PyTorch names them, each one of ``allowed``."""
+    allowed = list(allowed)
+
+    def parse(text: str) -> list[str]:
+        given = [n.strip() for n in text.split(",") if n.strip()]
+        named = {n: str(DTYPES.get(n.lower().removeprefix("torch."))).removeprefix("torch.") for n in given}
+        unknown = [n for n, name in named.items() if name not in allowed]
+        if unknown or not given:
+            raise argparse.ArgumentTypeError(
+                f"unknown dtype(s) {', '.join(unknown) or '(none given)'} (choose from {', '.join(allowed)})"
+            )
+        return list(dict.fromkeys(named.values()))
 
     return parse
 

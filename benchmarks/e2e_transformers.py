@@ -207,9 +207,15 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Setup]:
             help=f"override the device's default {field}",
         )
     parser.add_argument(
-        "--dtype", choices=("bfloat16", "float16", "float32"), help="override the device's default"
+        "--dtype",
+        type=cli.dtype_names(("bfloat16", "float16", "float32")),
+        help="override the device's default: bfloat16, float16 or float32 (or bf16, fp16, fp32)",
     )
     args = parser.parse_args(argv)
+    if args.dtype is not None:
+        if len(args.dtype) != 1:
+            parser.error(f"--dtype: give one dtype, got {', '.join(args.dtype)}")
+        args.dtype = args.dtype[0]
     if args.out.is_dir():
         parser.error(f"--out {args.out} is a folder; give the JSON file's path")
     if args.device == "cuda" and not torch.cuda.is_available():

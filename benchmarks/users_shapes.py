@@ -306,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for users-shapes.json")
     parser.add_argument(
         "--dtypes",
-        type=cli.names(DTYPES, "dtype"),
+        type=cli.dtype_names(DTYPES),
         default=["bfloat16"],
         help="comma-separated: bfloat16, float16, float32",
     )

@@ -15,12 +15,14 @@ transposed ``[B, N, H, D]`` view becomes a 2-D ``[rows, cols]`` tile with a row 
 Outputs are always contiguous. Offsets switch to 64-bit only when a tensor's reach needs it.
 
 Two ways in: ``expand_forward``/``reduce_backward`` launch now (eager calls), and with
-``traced=True`` they launch through ``torch.library.wrap_triton``, which is how the op
-decomposes under ``torch.compile``/AOTInductor: Inductor then sees the kernel launch and
-generates it itself, with the sizes as symbols where they are dynamic.
+``traced=True`` they launch through ``torch.library.wrap_triton``, which is how
+``gqa_reduce``'s body reaches ``torch.compile``/AOTInductor on CUDA with the Triton backend
+(``gqa_expand``'s body is the ATen form, which Inductor fuses; docs/design.md says why):
+Inductor then sees the kernel launch and generates it itself, with the sizes as symbols
+where they are dynamic.
 
-This module launches; it does not validate (``neuralops_gqa.ops`` does, once, for the fake
-and real implementations alike) and registers nothing with ``torch.library``.
+This module launches; it does not validate (``neuralops_gqa.validation`` does, once, for the
+fake and real implementations alike) and registers nothing with ``torch.library``.
 """
 
 from __future__ import annotations

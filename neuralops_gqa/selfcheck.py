@@ -10,7 +10,6 @@ options (device, dtype, shape). For the full benchmark see ``python -m benchmark
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -20,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import neuralops_gqa
-from neuralops_gqa.backend import BACKEND_ENV, backend
+from neuralops_gqa.backend import backend
 
 
 def hf_repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
@@ -143,7 +142,7 @@ def _speed_sentence(device: str, ratio: float) -> str:
     if torch.device(device).type == "cuda":
         verdict = "faster than" if ratio >= 1 else "slower than"
         return f"the Triton kernels, {ratio:.2f}x Hugging Face's eager repeat_kv ({verdict} it here)"
-    if os.environ.get(BACKEND_ENV, "auto").strip().lower() == "triton":
+    if backend() == "triton":
         return (
             f"{ratio:.2f}x Hugging Face's eager repeat_kv, meaningless: the op ran the Triton kernels "
             "through Triton's interpreter (TRITON_INTERPRET=1), a correctness tool orders of magnitude "

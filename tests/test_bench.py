@@ -102,6 +102,8 @@ def test_bad_arguments_are_clear_errors(
         ("e2e_transformers", ["--implementations", "sdpa,nope"], "unknown implementation(s) nope"),
         ("e2e_transformers", ["--heads", "7", "--kv-heads", "3"], "--heads (7) must be a multiple of --kv-heads (3)"),
         ("e2e_transformers", ["--out", "docs"], "--out docs is a folder"),
+        ("e2e_transformers", ["--dtype", "float64"], "unknown dtype(s) float64 (choose from bfloat16, float16, float32)"),
+        ("e2e_transformers", ["--dtype", "bf16,fp16"], "--dtype: give one dtype, got bfloat16, float16"),
     ],
 )  # fmt: skip
 def test_other_benchmarks_refuse_bad_arguments(
@@ -115,6 +117,19 @@ def test_other_benchmarks_refuse_bad_arguments(
         main([*(["--device", "cpu"] if module != "users_shapes" else []), *argv])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_benchmarks_take_the_self_checks_dtype_names() -> None:
+    """bf16, fp16, torch.float32: the names ``python -m neuralops_gqa --dtype`` takes."""
+    from benchmarks import users_shapes
+
+    args = users_shapes.build_parser().parse_args(["--dtypes", "bf16,torch.float16,fp32,bfloat16"])
+    assert args.dtypes == ["bfloat16", "float16", "float32"]
+    pytest.importorskip("transformers", reason="the end-to-end benchmark needs transformers")
+    from benchmarks import e2e_transformers
+
+    _, setup = e2e_transformers._parse(["--device", "cpu", "--dtype", "fp16"])
+    assert setup.dtype == "float16"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")

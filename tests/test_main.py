@@ -55,8 +55,9 @@ def test_bad_arguments_are_clear_errors(
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
 def test_missing_cuda_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_info:
         demo.main(["--device", "cuda"])
+    assert exit_info.value.code == 2
     assert "'cuda' is not a device this PyTorch can use" in capsys.readouterr().err
 
 
