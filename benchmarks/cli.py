@@ -32,19 +32,13 @@ def names(known: Iterable[str], noun: str) -> Callable[[str], list[str]]:
 def dtype_names(allowed: Iterable[str]) -> Callable[[str], list[str]]:
     """A comma-separated list of dtypes by any name the self-check takes (``bf16``,
     ``torch.float16``, ``half``, ...), returned as PyTorch names them, each one of ``allowed``."""
-    allowed = list(allowed)
+    parse_names = names(allowed, "dtype")
 
-    def parse(text: str) -> list[str]:
-        given = [n.strip() for n in text.split(",") if n.strip()]
-        named = {n: str(DTYPES.get(n.lower().removeprefix("torch."))).removeprefix("torch.") for n in given}
-        unknown = [n for n, name in named.items() if name not in allowed]
-        if unknown or not given:
-            raise argparse.ArgumentTypeError(
-                f"unknown dtype(s) {', '.join(unknown) or '(none given)'} (choose from {', '.join(allowed)})"
-            )
-        return list(dict.fromkeys(named.values()))
+    def canonical(name: str) -> str:
+        dtype = DTYPES.get(name.strip().lower().removeprefix("torch."))
+        return name.strip() if dtype is None else str(dtype).removeprefix("torch.")
 
-    return parse
+    return lambda text: parse_names(",".join(canonical(n) for n in text.split(",")))
 
 
 def at_least(minimum: int) -> Callable[[str], int]:
