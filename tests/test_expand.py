@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from hypothesis import given
@@ -166,8 +169,9 @@ def test_reads_stay_inside_the_view(backend: str, device: str, layout: str) -> N
 # width. torch.uint16/32/64 and the bits types exist in every supported torch.
 _BIT_DTYPES = [
     getattr(torch, name)
-    for name in ("float8_e8m0fnu", "float4_e2m1fn_x2", "bits8", "bits16", "uint16", "uint32", "uint64",
-                 "float8_e4m3fnuz", "float8_e5m2fnuz", "uint1", "uint4", "uint7", "int1", "int4", "int7")
+    for name in ("float8_e8m0fnu", "float4_e2m1fn_x2", "bits8", "bits16", "bits1x8", "bits2x4", "bits4x2",
+                 "uint16", "uint32", "uint64", "float8_e4m3fnuz", "float8_e5m2fnuz", "uint1", "uint4", "uint7",
+                 "int1", "int4", "int7")
     if hasattr(torch, name)
 ]  # fmt: skip
 
@@ -185,7 +189,12 @@ def test_dtypes_copied_as_bits(backend: str, device: str, dtype: torch.dtype) ->
 
 # Dtypes Inductor generates no code for (a view or a copy of them fails there): the op keeps
 # their expansion one opaque call in compiled graphs.
-_NO_INDUCTOR_DTYPES = [torch.float8_e8m0fnu, torch.float4_e2m1fn_x2, torch.bits8, torch.bits16]
+_NO_INDUCTOR_DTYPES = [torch.float8_e8m0fnu, torch.float4_e2m1fn_x2, torch.bits8, torch.bits16, torch.bits1x8,
+                       torch.bits2x4, torch.bits4x2]  # fmt: skip
+# Sub-byte integers: eager calls copy them, Inductor generates no code for them at all.
+_SUB_BYTE_DTYPES = [
+    getattr(torch, n) for n in ("uint1", "uint4", "uint7", "int1", "int4", "int7") if hasattr(torch, n)
+]
 
 
 @pytest.mark.slow
@@ -206,3 +215,40 @@ def test_dtypes_under_inductor(device: str, dtype: torch.dtype) -> None:
     k_out, _ = compiled(x)
     assert k_out.dtype == dtype
     assert torch.equal(k_out.view(width).cpu(), bits.repeat_interleave(2, 1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", _SUB_BYTE_DTYPES, ids=str)
+def test_sub_byte_dtypes_fail_in_inductor_with_or_without_the_op(dtype: torch.dtype) -> None:
+    """What docs/usage/limitations.md says: Inductor refuses them, naming the dtype."""
+    x = (
+        torch.randint(0, 127, (2, 2, 3, 4), generator=torch.Generator().manual_seed(0))
+        .to(torch.uint8)
+        .view(dtype)
+    )
+    for fn in (lambda k: torch.ops.neuralops.gqa_expand(k, k, 2, 4), lambda k: k * 1):
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=str(dtype)):
+            torch.compile(fn)(x)
+
+
+@pytest.mark.slow
+def test_sub_byte_dtypes_compile_with_aot_eager() -> None:
+    """aot_eager compiles the op on them and copies bit for bit. In a fresh interpreter:
+    pytest's log capture turns on the graph printing that has no name for them."""
+    code = """
+import torch, neuralops_gqa
+bits = torch.randint(0, 127, (2, 2, 3, 4), generator=torch.Generator().manual_seed(0)).to(torch.uint8)
+for name in ("uint1", "uint4", "uint7", "int1", "int4", "int7"):
+    if hasattr(torch, name):
+        torch._dynamo.reset()
+        fn = torch.compile(lambda k: torch.ops.neuralops.gqa_expand(k, k, 2, 4), backend="aot_eager")
+        k_out, _ = fn(bits.view(getattr(torch, name)))
+        assert k_out.dtype == getattr(torch, name), name
+        assert torch.equal(k_out.view(torch.uint8), bits.repeat_interleave(2, 1)), name
+print("ok")
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
