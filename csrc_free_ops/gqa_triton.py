@@ -355,19 +355,12 @@ _EMPTY_TILING = Tiling(1, 1, 0, 0, 1)
 
 
 class Plan:
-    """One launch's grid, scalar arguments and meta-parameters, plus its compiled kernels.
+    """One launch's grid, scalar arguments and meta-parameters."""
 
-    Plans of concrete sizes are cached by shape, strides, element types and device; once a
-    plan's kernel has been compiled for a device, dtypes and pointer alignments, later eager
-    calls may launch the compiled handle directly (``private_internals``).
-    """
-
-    __slots__ = ("args", "compiled", "grid", "meta")
+    __slots__ = ("args", "grid", "meta")
 
     def __init__(self, grid: tuple[int], args: tuple[int, ...], meta: dict[str, object]) -> None:
         self.grid, self.args, self.meta = grid, args, meta
-        # Launch key -> a direct launcher of Triton's compiled kernel (private_internals).
-        self.compiled: dict[tuple[object, ...], Callable[[int, tuple[Any, ...], tuple[int, ...]], bool]] = {}
 
 
 def _is_concrete(*dims: object) -> bool:
@@ -414,7 +407,7 @@ def _plan_parts(
     return [programs for _, _, programs in parts]
 
 
-def _expand_plan_any(
+def _expand_plan(
     k_shape: tuple[int, ...],
     k_stride: tuple[int, ...],
     k_itemsize: int,
@@ -454,15 +447,19 @@ def _expand_plan_any(
     return Plan((k_programs + v_programs,), tuple(args), meta)
 
 
-# Eager calls: cached by shape, strides, item sizes and device, so a repeated call skips
-# the arithmetic above.
-_expand_plan = functools.lru_cache(maxsize=1024)(_expand_plan_any)
-
-
 _ACC64 = {torch.float64}
 
 
-def _reduce_plan_any(
+def _job_bytes(
+    k_shape: tuple[int, ...], k_dtype: torch.dtype, v_shape: tuple[int, ...], v_dtype: torch.dtype, n_rep: int
+) -> int:
+    """Bytes a reduction reads and writes (both gradients)."""
+    return (
+        (math.prod(k_shape) * k_dtype.itemsize + math.prod(v_shape) * v_dtype.itemsize) * (n_rep + 1) // n_rep
+    )
+
+
+def _reduce_plan(
     k_shape: tuple[int, ...],
     k_stride: tuple[int, ...],
     k_dtype: torch.dtype,
@@ -483,7 +480,8 @@ def _reduce_plan_any(
         "UNROLL": settings.reduce_unroll(n_rep),
         "K_ACC64": k_dtype in _ACC64,
         "V_ACC64": v_dtype in _ACC64,
-        "HINTS": settings.cache_hints(n_rep),
+        "HINTS": known
+        and settings.reduce_cache_hints(n_rep, _job_bytes(k_shape, k_dtype, v_shape, v_dtype, n_rep), device),
     }
     tiling = functools.partial(settings.reduce_tiling, n_rep=n_rep, device=device, sizes_known=known)
     programs = _plan_parts((k_shape, v_shape), (k_stride, v_stride), (k_dtype.itemsize, v_dtype.itemsize),
@@ -494,11 +492,12 @@ def _reduce_plan_any(
     return Plan((programs[0] + programs[1],), tuple(args), meta)
 
 
-_reduce_plan = functools.lru_cache(maxsize=1024)(_reduce_plan_any)
-
-
-def _device_of(x: Tensor) -> Device:
-    return launch_settings.cuda_device(x.get_device()) if x.is_cuda else launch_settings.REFERENCE_DEVICE
+def _device_props(device: torch.device) -> Device:
+    return (
+        launch_settings.cuda_device(device.index)
+        if device.type == "cuda"
+        else launch_settings.REFERENCE_DEVICE
+    )
 
 
 # Triton's interpreter keeps per-launch state in module globals: two threads interpreting
@@ -506,42 +505,141 @@ def _device_of(x: Tensor) -> Device:
 _INTERPRETER_LOCK = threading.Lock()
 
 
-def _launch(kernel: Any, plan: Plan, tensors: tuple[Tensor, ...]) -> None:
-    """Launch ``kernel`` now, on the current stream of the tensors' device.
+class Launch:
+    """An eager launch for one argument layout: allocate the results, launch the kernel.
 
-    ``tensors`` is ``(in_a, in_b, out_a, out_b)``. Triton specialises a kernel on its
-    pointers' dtypes and 16-byte alignment; the outputs share the inputs' dtypes and come
-    fresh from the caching allocator (aligned), so the inputs alone key the compiled kernel.
+    Built once per layout (shapes, strides, dtypes, device) and cached (``expand_launch``,
+    ``reduce_launch``), so a call plans nothing. Once a kernel has been compiled for the
+    inputs' 16-byte alignments, later calls launch Triton's compiled handle directly with
+    the tensors' addresses (``private_internals``): ``kernel[grid](...)`` binds every
+    argument in Python and asks the driver about each pointer, most of a small call's host
+    time. Triton specialises a kernel on its pointers' dtypes and alignment; the results
+    come fresh from the caching allocator (aligned), so the inputs' alignments key it.
     """
-    a, b = tensors[0], tensors[1]
-    if not a.is_cuda:
-        with _INTERPRETER_LOCK:
-            kernel[plan.grid](*tensors, *plan.args, **plan.meta)
-        return
-    index = a.get_device()
-    key = (index, a.dtype, b.dtype, a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0)
-    direct = plan.compiled.get(key)
-    if direct is not None and direct(plan.grid[0], tensors, plan.args):
-        return
-    with torch.cuda.device(index):
-        compiled = kernel[plan.grid](*tensors, *plan.args, **plan.meta)
-    direct = private_internals.direct_launcher(
-        kernel, compiled, plan.meta, len(tensors) + len(plan.args), index, _probe_store_kernel
-    )
-    if direct is not None:
-        plan.compiled[key] = direct
+
+    __slots__ = ("_cuda", "_device", "_kernel", "_plan", "_runs", "_shapes")
+
+    def __init__(
+        self,
+        kernel: Any,
+        plan: Plan | None,
+        shapes: tuple[tuple[int, ...], tuple[int, ...]],
+        device: torch.device,
+    ) -> None:
+        self._kernel, self._plan, self._shapes, self._device = kernel, plan, shapes, device
+        self._cuda = device.type == "cuda"
+        self._runs: dict[tuple[bool, bool], Callable[..., bool]] = {}
+
+    def __call__(self, a: Tensor, b: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """The results for ``a`` and ``b``; ``b`` None: one tensor, and no second result."""
+        # The results take their input's dtype and device (new_empty: the cheapest allocation).
+        out_a = a.new_empty(self._shapes[0])
+        out_b = None if b is None else b.new_empty(self._shapes[1])
+        plan = self._plan
+        if plan is None:
+            return out_a, out_b
+        # One tensor: the second branch has no programs, so its arguments are stand-ins.
+        in_b, res_b = (a, out_a) if b is None else (b, out_b)
+        if self._cuda:
+            ptr_a, ptr_b = a.data_ptr(), in_b.data_ptr()
+            run = self._runs.get((ptr_a % 16 == 0, ptr_b % 16 == 0))
+            if run is not None and run(ptr_a, ptr_b, out_a.data_ptr(), res_b.data_ptr()):  # type: ignore[union-attr]
+                return out_a, out_b
+        self._launch(plan, (a, in_b, out_a, res_b))  # type: ignore[arg-type]
+        return out_a, out_b
+
+    def _launch(self, plan: Plan, tensors: tuple[Tensor, Tensor, Tensor, Tensor]) -> None:
+        """Launch through ``kernel[grid]`` (the first launch, the interpreter, or where the
+        direct launch is off), and keep a direct launcher for the next calls."""
+        kernel, copyable = self._kernel, tuple(_as_copyable(t) for t in tensors)
+        if not self._cuda:
+            with _INTERPRETER_LOCK:
+                kernel[plan.grid](*copyable, *plan.args, **plan.meta)
+            return
+        index = self._device.index
+        with torch.cuda.device(index):
+            compiled = kernel[plan.grid](*copyable, *plan.args, **plan.meta)
+        run = private_internals.direct_launcher(
+            kernel, compiled, plan.meta, plan.grid[0], plan.args, index, _probe_store_kernel
+        )
+        if run is not None:
+            self._runs[(tensors[0].data_ptr() % 16 == 0, tensors[1].data_ptr() % 16 == 0)] = run
 
 
-def _alloc(x: Tensor, heads: int, traced: bool) -> tuple[Tensor, Tensor]:
-    """``(result, what the kernel writes)``: a new ``[B, heads, N, D]`` tensor like ``x``.
+def _zero_width(shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shape and strides of the absent second tensor: no elements, so no programs."""
+    return (shape[0], shape[1], shape[2], 0), (0, 0, 0, 1)
 
-    The kernel writes the bits dtype. Eager calls allocate the result and view it; traced
-    calls allocate the bits and view back, so the kernel never writes through a view.
-    """
+
+@functools.lru_cache(maxsize=1024)
+def _cached_expand_launch(
+    k_shape: tuple[int, ...],
+    k_stride: tuple[int, ...],
+    k_dtype: torch.dtype,
+    v_shape: tuple[int, ...] | None,
+    v_stride: tuple[int, ...] | None,
+    v_dtype: torch.dtype | None,
+    n_rep: int,
+    device: torch.device,
+    settings: LaunchSettings,
+) -> Launch:
+    if v_shape is None or v_stride is None or v_dtype is None:
+        (v_shape, v_stride), v_dtype = _zero_width(k_shape), k_dtype
+    plan = _expand_plan(k_shape, k_stride, k_dtype.itemsize, v_shape, v_stride, v_dtype.itemsize,
+                            n_rep, _device_props(device), settings)  # fmt: skip
+    batch, heads, seq = k_shape[0], k_shape[1] * n_rep, k_shape[2]
+    shapes = ((batch, heads, seq, k_shape[3]), (batch, heads, seq, v_shape[3]))
+    return Launch(expand_fwd_kernel, plan, shapes, device)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_reduce_launch(
+    k_shape: tuple[int, ...],
+    k_stride: tuple[int, ...],
+    k_dtype: torch.dtype,
+    v_shape: tuple[int, ...] | None,
+    v_stride: tuple[int, ...] | None,
+    v_dtype: torch.dtype | None,
+    n_rep: int,
+    device: torch.device,
+    settings: LaunchSettings,
+) -> Launch:
+    if v_shape is None or v_stride is None or v_dtype is None:
+        (v_shape, v_stride), v_dtype = _zero_width(k_shape), k_dtype
+    plan = _reduce_plan(k_shape, k_stride, k_dtype, v_shape, v_stride, v_dtype, n_rep,
+                            _device_props(device), settings)  # fmt: skip
+    batch, heads, seq = k_shape[0], k_shape[1] // n_rep, k_shape[2]
+    shapes = ((batch, heads, seq, k_shape[3]), (batch, heads, seq, v_shape[3]))
+    return Launch(reduce_bwd_kernel, plan, shapes, device)
+
+
+def expand_launch(k: Tensor, v: Tensor | None, n_rep: int, settings: LaunchSettings = DEFAULT) -> Launch:
+    """The eager launch that expands tensors laid out like ``k`` and ``v`` (``v`` None: k alone)."""
+    if v is None:
+        return _cached_expand_launch(
+            k.shape, k.stride(), k.dtype, None, None, None, n_rep, k.device, settings
+        )
+    return _cached_expand_launch(k.shape, k.stride(), k.dtype, v.shape, v.stride(), v.dtype, n_rep, k.device,
+                                 settings)  # fmt: skip
+
+
+def reduce_launch(
+    grad_k: Tensor, grad_v: Tensor | None, n_rep: int, settings: LaunchSettings = DEFAULT
+) -> Launch:
+    """The eager launch that reduces gradients laid out like ``grad_k`` and ``grad_v`` (``grad_v`` None: grad_k alone)."""
+    k, v = grad_k, grad_v
+    if v is None:
+        return _cached_reduce_launch(
+            k.shape, k.stride(), k.dtype, None, None, None, n_rep, k.device, settings
+        )
+    return _cached_reduce_launch(k.shape, k.stride(), k.dtype, v.shape, v.stride(), v.dtype, n_rep, k.device,
+                                 settings)  # fmt: skip
+
+
+def _traced_alloc(x: Tensor, heads: int) -> tuple[Tensor, Tensor]:
+    """``(result, what the kernel writes)`` in a traced launch: the kernel writes the bits
+    dtype, allocated as such and viewed back, so it never writes through a view."""
     shape = (x.shape[0], heads, x.shape[2], x.shape[3])
-    if not traced:
-        out = x.new_empty(shape)
-        return out, _as_copyable(out)
     bits = x.new_empty(shape, dtype=_bits_dtype(x.dtype))
     return (bits if bits.dtype == x.dtype else bits.view(x.dtype)), bits
 
@@ -554,31 +652,19 @@ def expand_forward(
     ``traced``: launch through ``torch.library.wrap_triton`` (sizes may be symbolic).
     ``settings``: the launch heuristic's constants (a sweep passes candidates).
     """
+    if not traced:
+        k_out, v_out = expand_launch(k, v, n_rep, settings)(k, v)
+        assert v_out is not None
+        return k_out, v_out
     k_shape, v_shape = k.shape, v.shape
-    k_out, k_bits = _alloc(k, k_shape[1] * n_rep, traced)
-    v_out, v_bits = _alloc(v, v_shape[1] * n_rep, traced)
-    args = (
-        k_shape,
-        k.stride(),
-        k.element_size(),
-        v_shape,
-        v.stride(),
-        v.element_size(),
-        n_rep,
-        _device_of(k),
-        settings,
-    )
-    plan = (
-        _expand_plan(*args)
-        if not traced or _is_concrete(*k_shape, *v_shape, *args[1], *args[4])
-        else _expand_plan_any(*args)
-    )
+    k_out, k_bits = _traced_alloc(k, k_shape[1] * n_rep)
+    v_out, v_bits = _traced_alloc(v, v_shape[1] * n_rep)
+    args = (k_shape, k.stride(), k.element_size(), v_shape, v.stride(), v.element_size(), n_rep,
+            _device_props(k.device), settings)  # fmt: skip
+    plan = _expand_plan(*args)
     if plan is not None:
         tensors = (_as_copyable(k), _as_copyable(v), k_bits, v_bits)
-        if traced:
-            torch.library.wrap_triton(expand_fwd_kernel)[plan.grid](*tensors, *plan.args, **plan.meta)
-        else:
-            _launch(expand_fwd_kernel, plan, tensors)
+        torch.library.wrap_triton(expand_fwd_kernel)[plan.grid](*tensors, *plan.args, **plan.meta)
     return k_out, v_out
 
 
@@ -586,20 +672,16 @@ def reduce_backward(
     grad_k: Tensor, grad_v: Tensor, n_rep: int, traced: bool = False, settings: LaunchSettings = DEFAULT
 ) -> tuple[Tensor, Tensor]:
     """``[B, H, N, D] -> [B, H // n_rep, N, D]``, summing each group, both gradients in one launch."""
+    if not traced:
+        gk_out, gv_out = reduce_launch(grad_k, grad_v, n_rep, settings)(grad_k, grad_v)
+        assert gv_out is not None
+        return gk_out, gv_out
     k_shape, v_shape = grad_k.shape, grad_v.shape
     gk_out = grad_k.new_empty((k_shape[0], k_shape[1] // n_rep, k_shape[2], k_shape[3]))
     gv_out = grad_v.new_empty((v_shape[0], v_shape[1] // n_rep, v_shape[2], v_shape[3]))
-    args = (k_shape, grad_k.stride(), grad_k.dtype, v_shape, grad_v.stride(), grad_v.dtype, n_rep,
-            _device_of(grad_k), settings)  # fmt: skip
-    plan = (
-        _reduce_plan(*args)
-        if not traced or _is_concrete(*k_shape, *v_shape, *args[1], *args[4])
-        else _reduce_plan_any(*args)
-    )
+    plan = _reduce_plan(k_shape, grad_k.stride(), grad_k.dtype, v_shape, grad_v.stride(), grad_v.dtype, n_rep,
+                            _device_props(grad_k.device), settings)  # fmt: skip
     if plan is not None:
         tensors = (grad_k, grad_v, gk_out, gv_out)
-        if traced:
-            torch.library.wrap_triton(reduce_bwd_kernel)[plan.grid](*tensors, *plan.args, **plan.meta)
-        else:
-            _launch(reduce_bwd_kernel, plan, tensors)
+        torch.library.wrap_triton(reduce_bwd_kernel)[plan.grid](*tensors, *plan.args, **plan.meta)
     return gk_out, gv_out

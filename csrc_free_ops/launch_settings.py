@@ -82,7 +82,7 @@ class LaunchSettings:
     # Long groups (MQA): each program sums its group's n_rep tiles in order, so finer tiles
     # put more loads in flight and even out the SMs' shares; tiles shrink down to
     # LONG_GROUP_MIN_TILE_BYTES while the grid is under LONG_GROUP_WAVES waves.
-    LONG_GROUP_WAVES: int = 8
+    LONG_GROUP_WAVES: int = 16
     LONG_GROUP_MIN_TILE_BYTES: int = 512
     # Long groups' tile bytes per warp (BYTES_PER_WARP's two vectors per thread).
     LONG_GROUP_BYTES_PER_WARP: int = 32 * 16 * 2
@@ -90,6 +90,10 @@ class LaunchSettings:
     # evict_last (rep-major programs re-read it) and stores streaming (.cs); the reduction
     # loads through L2 only (.cg) instead of evict_first. Long groups lose with them.
     CACHE_HINTS: int = 1
+    # The reduction's short-group load hint (.cg instead of evict_first) only for jobs that
+    # read and write at least this many L2s: it gains 1-3% there and loses up to 10% on
+    # smaller jobs timed one call at a time (batch 1, few KV heads). With unknown sizes: off.
+    REDUCE_CACHE_HINTS_MIN_L2S: int = 4
     # Expansion program order: up to this many reps, with tiles to spare, programs walk the
     # output linearly (one rep of one tile each, the input re-read from L2)...
     REP_MAJOR_MAX_REPS: int = 16
@@ -195,8 +199,18 @@ class LaunchSettings:
         return min(n_rep, self.REDUCE_UNROLL)
 
     def cache_hints(self, n_rep: int) -> bool:
-        """Whether the kernels use their short-group cache hints (see ``CACHE_HINTS``)."""
+        """Whether the expansion uses its short-group cache hints (see ``CACHE_HINTS``)."""
         return bool(self.CACHE_HINTS) and n_rep <= self.SHORT_GROUP_MAX_REPS
+
+    def reduce_cache_hints(
+        self, n_rep: int, job_bytes: int, device: Device, sizes_known: bool = True
+    ) -> bool:
+        """Whether the reduction uses its short-group load hint (see ``REDUCE_CACHE_HINTS_MIN_L2S``)."""
+        return (
+            sizes_known
+            and self.cache_hints(n_rep)
+            and job_bytes >= self.REDUCE_CACHE_HINTS_MIN_L2S * device.l2_bytes
+        )
 
 
 DEFAULT = LaunchSettings()

@@ -61,17 +61,24 @@ def _launch_hooks_set() -> bool:
 
 
 def _handle_launcher(
-    kernel: Any, compiled: Any, meta: dict[str, object], n_runtime: int
-) -> Callable[..., None]:
+    kernel: Any, compiled: Any, meta: dict[str, object], grid0: int, args: tuple[int, ...], index: int
+) -> Callable[..., bool]:
+    """``launch(*pointers) -> bool``: one launch of ``compiled`` with ``args`` on device
+    ``index``'s current stream (one Python frame per launch: this is the hot path)."""
+    import triton
+
     handle, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
     # Triton's compiled handle takes every kernel parameter in declaration order: the
-    # runtime ones, then the constexprs.
-    constexprs = [meta[name] for name in kernel.arg_names[n_runtime:]]
-    current_stream = torch._C._cuda_getCurrentRawStream
+    # pointers and the other runtime ones, then the constexprs (the kernels declare theirs last).
+    tail = (*args, *(meta[name] for name in kernel.arg_names if name in meta))
+    current_stream, get_device = torch._C._cuda_getCurrentRawStream, torch._C._cuda_getDevice
+    runtime = triton.knobs.runtime
 
-    def launch(grid0: int, index: int, tensors: tuple[Any, ...], args: tuple[int, ...]) -> None:
-        handle(grid0, 1, 1, current_stream(index), function, metadata, None, None, None,
-               *tensors, *args, *constexprs)  # fmt: skip
+    def launch(*pointers: int) -> bool:
+        if index != get_device() or runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls:
+            return False
+        handle(grid0, 1, 1, current_stream(index), function, metadata, None, None, None, *pointers, *tail)
+        return True
 
     return launch
 
@@ -82,21 +89,22 @@ def _probe_launch(probe_kernel: Any, index: int) -> bool:
     with torch.cuda.device(index):
         compiled = probe_kernel[(1,)](out, 7)
         torch.cuda.synchronize(index)
-        launch = _handle_launcher(probe_kernel, compiled, {}, 2)
-        launch(1, index, (out,), (42,))
+        launched = _handle_launcher(probe_kernel, compiled, {}, 1, (42,), index)(out.data_ptr())
         torch.cuda.synchronize(index)
     _launch_hooks_set()
-    torch._C._cuda_getDevice()
-    return int(out.item()) == 42
+    return launched and int(out.item()) == 42
 
 
 def direct_launcher(
-    kernel: Any, compiled: Any, meta: dict[str, object], n_runtime: int, index: int, probe_kernel: Any
-) -> Callable[[int, tuple[Any, ...], tuple[int, ...]], bool] | None:
-    """A function ``launch(grid0, tensors, args) -> bool`` that launches ``compiled`` (what
-    ``kernel[grid](...)`` returned) on device ``index``'s current stream, or None where the
-    fast path is off or not usable. ``launch`` returns False, launching nothing, when the
-    caller must take Triton's own path (launch hooks set, another current device)."""
+    kernel: Any, compiled: Any, meta: dict[str, object], grid0: int, args: tuple[int, ...], index: int,
+    probe_kernel: Any,
+) -> Callable[..., bool] | None:  # fmt: skip
+    """A function ``launch(*pointers) -> bool`` that launches ``compiled`` (what
+    ``kernel[grid](...)`` returned) over ``grid0`` programs with the scalar ``args`` on
+    device ``index``'s current stream, or None where the fast path is off or not usable.
+    ``pointers`` are the tensors' addresses as ints (Triton's launcher then skips its
+    per-pointer driver query). ``launch`` returns False, launching nothing, when the caller
+    must take Triton's own path (launch hooks set, another current device)."""
     global _launch_probe_result
     if not ENABLED or compiled is None:
         return None
@@ -111,17 +119,8 @@ def direct_launcher(
     if not _launch_probe_result:
         return None
     try:
-        run = _handle_launcher(kernel, compiled, meta, n_runtime)
+        return _handle_launcher(kernel, compiled, meta, grid0, args, index)
     except (AttributeError, KeyError) as e:
         _launch_probe_result = False
         disable("launching Triton's compiled kernel handle directly", e)
         return None
-    get_device = torch._C._cuda_getDevice
-
-    def launch(grid0: int, tensors: tuple[Any, ...], args: tuple[int, ...]) -> bool:
-        if index != get_device() or _launch_hooks_set():
-            return False
-        run(grid0, index, tensors, args)
-        return True
-
-    return launch

@@ -1,8 +1,9 @@
 """PyTorch reference for the GQA head expansion and its reduction.
 
-It serves every device that has no Triton kernel (CPU, MPS, XPU, meta, ...) and is the
-ATen form compilers and ``aten_decompositions()`` see. It validates nothing: the caller
-(``neuralops_gqa``) has already checked shapes, devices and dtypes.
+It serves every device that has no Triton kernel (CPU, MPS, XPU, meta, ...), eager calls
+with ``NEURALOPS_GQA_BACKEND=torch``, and, in its functional form, compilers and
+``aten_decompositions()``. It validates nothing: the caller (``neuralops_gqa``) has already
+checked shapes, devices and dtypes.
 """
 
 from __future__ import annotations
@@ -23,25 +24,44 @@ _SHELL_DTYPES = frozenset(
 def expand_reference(x: Tensor, n_rep: int) -> Tensor:
     """``[B, H_kv, N, D] -> [B, H_kv * n_rep, N, D]``, head ``h`` copying head ``h // n_rep``.
 
-    Always a new contiguous tensor, whatever the strides of ``x``. Functional ATen ops only
-    (a broadcast view and one copy), so it also serves as the op's decomposition for
-    compilers and ATen-only backends.
+    A new contiguous tensor that is no view of another (so autograd lets the caller modify
+    it in place), whatever the strides of ``x``: one copy, each element of ``x`` read once
+    and each output element written once.
     """
+    batch, kv_heads, seq, dim = x.shape
+    out = x.new_empty((batch, kv_heads * n_rep, seq, dim))
+    src, dst = (x.view(torch.uint8), out.view(torch.uint8)) if x.dtype in _SHELL_DTYPES else (x, out)
+    dst.view(batch, kv_heads, n_rep, seq, dim).copy_(
+        src.unsqueeze(2).expand(batch, kv_heads, n_rep, seq, dim)
+    )
+    return out
+
+
+def expand_functional(x: Tensor, n_rep: int) -> Tensor:
+    """``expand_reference`` in functional ATen ops only (a broadcast view and one copy): the
+    form compilers fuse with the copy's neighbours and ``aten_decompositions()`` exports."""
     if x.dtype in _SHELL_DTYPES:
-        return expand_reference(x.view(torch.uint8), n_rep).view(x.dtype)
+        return expand_functional(x.view(torch.uint8), n_rep).view(x.dtype)
     batch, kv_heads, seq, dim = x.shape
     grouped = x.unsqueeze(2).expand(batch, kv_heads, n_rep, seq, dim)
-    # One copy: each element of x read once, each output written once.
     return grouped.clone(memory_format=torch.contiguous_format).flatten(1, 2)
 
 
 def reduce_reference(grad: Tensor, num_kv_heads: int) -> Tensor:
     """``[B, H, N, D] -> [B, num_kv_heads, N, D]``: KV head ``j`` sums heads ``j*n_rep ... j*n_rep+n_rep-1``.
 
-    Accumulates in float32 (float64 for float64 input) and returns the gradient's dtype,
-    contiguous. Functional ATen ops only, like ``expand_reference``.
+    Accumulates in float32 (float64 for float64 input) in head order, one addition after
+    the other from +0.0, as the Triton kernel does, so every backend rounds alike (ATen's
+    ``sum`` may split a long reduced dim over several accumulators, and a group of -0.0
+    sums to +0.0 here as there). Returns a new contiguous tensor of the gradient's dtype.
+    The in-place additions are on a fresh accumulator, so compilers' functionalization
+    takes it as it is.
     """
-    heads = grad.shape[1]
+    batch, heads, seq, dim = grad.shape
+    n_rep = heads // num_kv_heads
+    group = grad.unflatten(1, (num_kv_heads, n_rep))
     acc_dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32
-    summed: Tensor = grad.unflatten(1, (num_kv_heads, heads // num_kv_heads)).sum(2, dtype=acc_dtype)
-    return summed.to(grad.dtype).contiguous()
+    acc = torch.zeros((batch, num_kv_heads, seq, dim), dtype=acc_dtype, device=grad.device)
+    for r in range(n_rep):
+        acc.add_(group[:, :, r])
+    return acc.to(grad.dtype)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from neuralops_gqa import eager
 from neuralops_gqa.backend import backend
-from neuralops_gqa.validation import check_inputs, check_tensor
+from neuralops_gqa.validation import check_head_counts, check_inputs, check_tensor
 
 
 def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
@@ -42,6 +43,13 @@ def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple
         >>> k32.shape, bool((k32[:, 5] == k[:, 1]).all())
         (torch.Size([2, 32, 16, 64]), True)
     """
+    if not torch.compiler.is_compiling():
+        # Plain eager calls: the kernels straight from a cached launch (neuralops_gqa.eager).
+        plain = eager.expand(k, v, num_kv_heads, num_heads, alias=True)
+        if plain is not None:
+            return plain
+    # Checked here too: the dispatcher's own error for a float or None names no argument.
+    check_head_counts("gqa_expand", num_kv_heads, num_heads)
     if num_heads == num_kv_heads:
         check_inputs("gqa_expand", ("k", "v"), k, v, num_kv_heads, num_heads)
         backend()  # a bad NEURALOPS_GQA_BACKEND fails every call, this one too
@@ -81,9 +89,19 @@ def repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
         >>> bool((repeat_kv(x, 3) == x.repeat_interleave(3, dim=1)).all())
         True
     """
+    if not torch.compiler.is_compiling():
+        # Plain eager calls: one tensor launched from a cached launch (neuralops_gqa.eager).
+        plain = eager.repeat(hidden_states, n_rep)
+        if plain is not None:
+            return plain
+    if isinstance(hidden_states, torch.fx.Proxy):
+        # torch.fx.symbolic_trace: one call of this function in the graph, as for Hugging Face's.
+        proxy: Tensor = hidden_states.tracer.create_proxy(
+            "call_function", repeat_kv, (hidden_states, n_rep), {}
+        )
+        return proxy
     # The op's own checks of the tensor, whatever the route, so n_rep == 1 or one KV head
-    # can't pass what another call refuses. Messages are formatted only when a check
-    # fails: an eager call is a hot path.
+    # can't pass what another call refuses.
     check_tensor("repeat_kv", "hidden_states", hidden_states)
     if isinstance(n_rep, bool) or not isinstance(n_rep, (int, torch.SymInt)):
         raise TypeError(f"repeat_kv: n_rep must be an int, got {type(n_rep).__name__}")

@@ -4,24 +4,26 @@
     gqa_reduce(Tensor grad_k, Tensor grad_v, SymInt num_kv_heads, SymInt num_heads) -> (Tensor, Tensor)
 
 Everything PyTorch is told about the two ops is registered here, in this order: the schemas
-with what compilers see of them, the fake implementations, the autograd formulas and the
-batching rule, the eager kernels, and the ATen decomposition table. The pieces live in
-modules named for them: ``validation`` (the one check of the arguments), ``backend`` (the
-``NEURALOPS_GQA_BACKEND`` switch), ``transforms`` (derivatives and batching), ``dispatch``
-(eager calls), ``private_internals`` (the private PyTorch internals these use, behind
-probes), and ``csrc_free_ops`` (the kernels and the reference, which register nothing).
+with their traced bodies (what compilers see of the ops), the fake implementations, the
+autograd formulas and the batching rule, the eager kernels, and the ATen decomposition
+table. The pieces live in modules named for them: ``validation`` (the one check of the
+arguments), ``backend`` (the ``NEURALOPS_GQA_BACKEND`` switch), ``transforms`` (derivatives
+and batching), ``eager`` (eager calls: the plain route and the registered kernels),
+``private_internals`` (the private PyTorch internals these use, behind probes), and
+``csrc_free_ops`` (the kernels and the reference, which register nothing).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from csrc_free_ops.reference import expand_reference, reduce_reference
-from neuralops_gqa import dispatch, private_internals, transforms
+from csrc_free_ops.reference import expand_functional, reduce_reference
+from neuralops_gqa import eager, private_internals, transforms
 from neuralops_gqa.backend import backend, triton_kernels, use_triton
 from neuralops_gqa.validation import check_inputs
 
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
 
 def _expand_in_aten(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
     n_rep = num_heads // num_kv_heads
-    return expand_reference(k, n_rep), expand_reference(v, n_rep)
+    return expand_functional(k, n_rep), expand_functional(v, n_rep)
 
 
 def _reduce_in_aten(
@@ -61,11 +63,11 @@ _NO_INDUCTOR_DTYPES = frozenset(
 # A plain custom op (no decomposition): Inductor calls it back, as it does any custom op.
 @torch.library.custom_op("neuralops::gqa_expand_opaque", mutates_args=())
 def _gqa_expand_opaque(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
-    return dispatch.expand_impl(k, v, num_kv_heads, num_heads)
+    return eager.expand_impl(k, v, num_kv_heads, num_heads)
 
 
-def _define(body: Callable[..., tuple[Tensor, Tensor]]) -> CustomOpDef:
-    """The op ``neuralops::<body's name>``, whose body is what compilers see of it.
+def _define(name: str, body: Callable[..., tuple[Tensor, Tensor]]) -> CustomOpDef:
+    """The op ``neuralops::<name>``, whose body is what compilers see of it.
 
     A custom op plus one rule (what ``torch.library.triton_op`` is): when AOTDispatcher
     functionalizes a graph for a compiler (torch.compile's Inductor, AOTInductor), the op is
@@ -73,12 +75,13 @@ def _define(body: Callable[..., tuple[Tensor, Tensor]]) -> CustomOpDef:
     kernel from its own generated code (reduction on CUDA): no call back into Python, and an
     AOTInductor package that needs no Python. torch.export keeps the op whole (one readable,
     serializable node); ``aten_decompositions()`` and ``neuralops_gqa.onnx`` take it apart
-    where a consumer needs standard ops. Eager calls go to ``dispatch``. int annotations
+    where a consumer needs standard ops. Eager calls never run the body: they go to
+    ``eager``'s kernels, registered below. int annotations
     become SymInt, so dynamic head counts trace. The rule comes from the private internals
     (``triton_op`` itself imports Inductor and Triton when an op is defined, a second of
     ``import neuralops_gqa``); without them, ``triton_op``.
     """
-    name = f"neuralops::{body.__name__}"
+    name = f"neuralops::{name}"
     decomposition = private_internals.compiler_decomposition(body)
     if decomposition is None:
         # Without Triton installed, triton_op logs a warning per op that there are no kernels
@@ -96,36 +99,8 @@ def _define(body: Callable[..., tuple[Tensor, Tensor]]) -> CustomOpDef:
     return op
 
 
-@_define
-def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
-    """``[B, H_kv, N, D] -> [B, num_heads, N, D]`` for k and v: head ``h`` copies KV head ``h // n_rep``.
-
-    Registered as ``torch.ops.neuralops.gqa_expand``; call it through ``torch.ops`` (or
-    ``neuralops_gqa.gqa_expand``). ``n_rep = num_heads // num_kv_heads``. The results are
-    always new tensors, also when ``n_rep == 1`` (a registered op may not return its inputs).
-    The backward is [`gqa_reduce`][neuralops_gqa.ops.gqa_reduce].
-
-    Args:
-        k: ``[B, H_kv, N, D_k]``, any strides, any real dtype.
-        v: ``[B, H_kv, N, D_v]``, any strides; dtype and ``D_v`` may differ from k's.
-        num_kv_heads: ``H_kv``, positive, equal to ``k.shape[1]``.
-        num_heads: a positive multiple of ``num_kv_heads``.
-
-    Returns:
-        ``(k_expanded, v_expanded)``: contiguous ``[B, num_heads, N, D_k]`` and
-        ``[B, num_heads, N, D_v]``, the inputs' dtypes, bit-exact copies.
-
-    Raises:
-        ValueError: bad shapes, head counts or dtypes (see
-            [`check_inputs`][neuralops_gqa.validation.check_inputs]).
-        RuntimeError: k and v on different devices.
-
-    Example:
-        >>> k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 8)
-        >>> k4, v4 = torch.ops.neuralops.gqa_expand(k, v, 2, 4)
-        >>> tuple(v4.shape), bool((k4 == k.repeat_interleave(2, dim=1)).all())
-        ((1, 4, 3, 8), True)
-    """
+def _expand_traced(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
+    """What compilers see of ``gqa_expand``: the reference's broadcasting copy in ATen ops."""
     check_inputs("gqa_expand", ("k", "v"), k, v, num_kv_heads, num_heads)
     backend()
     if k.dtype in _NO_INDUCTOR_DTYPES or v.dtype in _NO_INDUCTOR_DTYPES:
@@ -137,41 +112,77 @@ def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple
     return _expand_in_aten(k, v, num_kv_heads, num_heads)
 
 
-@_define
-def gqa_reduce(grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
-    """``[B, num_heads, N, D] -> [B, H_kv, N, D]``: KV head ``j`` sums its group's ``n_rep`` heads.
+gqa_expand = _define("gqa_expand", _expand_traced)
+"""``[B, H_kv, N, D] -> [B, num_heads, N, D]`` for k and v: head ``h`` copies KV head ``h // n_rep``.
 
-    Registered as ``torch.ops.neuralops.gqa_reduce``: the backward of
-    [`gqa_expand`][neuralops_gqa.ops.gqa_expand], and differentiable itself (its backward is
-    ``gqa_expand``). Result head ``j`` is the sum of heads ``j*n_rep ... j*n_rep + n_rep - 1``,
-    accumulated in float32 (float64 for float64) in that order, without atomics, so the
-    result is deterministic, and rounded once to the gradient's dtype.
+Registered as ``torch.ops.neuralops.gqa_expand``; call it through ``torch.ops`` (or
+``neuralops_gqa.gqa_expand``). ``n_rep = num_heads // num_kv_heads``. The results are
+always new tensors, also when ``n_rep == 1`` (a registered op may not return its inputs).
+The backward is [`gqa_reduce`][neuralops_gqa.ops.gqa_reduce].
 
-    Args:
-        grad_k: ``[B, num_heads, N, D_k]``, any strides; float16, bfloat16, float32 or float64.
-        grad_v: ``[B, num_heads, N, D_v]``, any strides; dtype and ``D_v`` may differ from grad_k's.
-        num_kv_heads: the result's heads, positive.
-        num_heads: a positive multiple of ``num_kv_heads``, equal to ``grad_k.shape[1]``.
+Args:
+    k: ``[B, H_kv, N, D_k]``, any strides, any real dtype.
+    v: ``[B, H_kv, N, D_v]``, any strides; dtype and ``D_v`` may differ from k's.
+    num_kv_heads: ``H_kv``, positive, equal to ``k.shape[1]``.
+    num_heads: a positive multiple of ``num_kv_heads``.
 
-    Returns:
-        ``(grad_k_reduced, grad_v_reduced)``: contiguous ``[B, num_kv_heads, N, D_k]`` and
-        ``[B, num_kv_heads, N, D_v]`` in the gradients' dtypes.
+Returns:
+    ``(k_expanded, v_expanded)``: contiguous ``[B, num_heads, N, D_k]`` and
+    ``[B, num_heads, N, D_v]``, the inputs' dtypes, bit-exact copies.
 
-    Raises:
-        ValueError: bad shapes, head counts or dtypes.
-        RuntimeError: the gradients on different devices.
+Raises:
+    ValueError: bad shapes, head counts or dtypes (see
+        [`check_inputs`][neuralops_gqa.validation.check_inputs]).
+    RuntimeError: k and v on different devices.
 
-    Example:
-        >>> g = torch.ones(1, 4, 3, 2)
-        >>> gk, _ = torch.ops.neuralops.gqa_reduce(g, g, 2, 4)
-        >>> tuple(gk.shape), gk[0, 0, 0, 0].item()
-        ((1, 2, 3, 2), 2.0)
-    """
+Example:
+    >>> k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 8)
+    >>> k4, v4 = torch.ops.neuralops.gqa_expand(k, v, 2, 4)
+    >>> tuple(v4.shape), bool((k4 == k.repeat_interleave(2, dim=1)).all())
+    ((1, 4, 3, 8), True)
+"""
+
+
+def _reduce_traced(
+    grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: int
+) -> tuple[Tensor, Tensor]:
+    """What compilers see of ``gqa_reduce``: our kernel on CUDA, the reference's in-order sum elsewhere."""
     check_inputs("gqa_reduce", ("grad_k", "grad_v"), grad_k, grad_v, num_kv_heads, num_heads)
     # Our kernel, launched through wrap_triton, which Inductor generates code for.
     if _launches_kernel(grad_k):
         return triton_kernels().reduce_backward(grad_k, grad_v, num_heads // num_kv_heads, traced=True)  # type: ignore[no-any-return]
     return _reduce_in_aten(grad_k, grad_v, num_kv_heads, num_heads)
+
+
+gqa_reduce = _define("gqa_reduce", _reduce_traced)
+"""``[B, num_heads, N, D] -> [B, H_kv, N, D]``: KV head ``j`` sums its group's ``n_rep`` heads.
+
+Registered as ``torch.ops.neuralops.gqa_reduce``: the backward of
+[`gqa_expand`][neuralops_gqa.ops.gqa_expand], and differentiable itself (its backward is
+``gqa_expand``). Result head ``j`` is the sum of heads ``j*n_rep ... j*n_rep + n_rep - 1``,
+accumulated in float32 (float64 for float64) in that order, without atomics, so the
+result is deterministic, and rounded once to the gradient's dtype.
+
+Args:
+    grad_k: ``[B, num_heads, N, D_k]``, any strides; float16, bfloat16, float32 or float64.
+    grad_v: ``[B, num_heads, N, D_v]``, any strides; dtype and ``D_v`` may differ from grad_k's.
+    num_kv_heads: the result's heads, positive.
+    num_heads: a positive multiple of ``num_kv_heads``, equal to ``grad_k.shape[1]``.
+
+Returns:
+    ``(grad_k_reduced, grad_v_reduced)``: contiguous ``[B, num_kv_heads, N, D_k]`` and
+    ``[B, num_kv_heads, N, D_v]`` in the gradients' dtypes.
+
+Raises:
+    ValueError: bad shapes, head counts or dtypes.
+    RuntimeError: the gradients on different devices.
+
+Example:
+    >>> g = torch.ones(1, 4, 3, 2)
+    >>> gk, _ = torch.ops.neuralops.gqa_reduce(g, g, 2, 4)
+    >>> tuple(gk.shape), gk[0, 0, 0, 0].item()
+    ((1, 2, 3, 2), 2.0)
+"""
 
 
 def _key_compiled_graphs(x: Tensor) -> None:
@@ -208,7 +219,7 @@ def _gqa_reduce_fake(
     )
 
 
-_OPS = (("gqa_expand", gqa_expand, dispatch.expand_impl), ("gqa_reduce", gqa_reduce, dispatch.reduce_impl))
+_OPS = (("gqa_expand", gqa_expand, eager.expand_impl), ("gqa_reduce", gqa_reduce, eager.reduce_impl))
 _kernels_lib = torch.library.Library("neuralops", "IMPL")
 for _name, _op, _impl in _OPS:
     # Each op's backward is the other op, so derivatives of every order work.
@@ -221,9 +232,13 @@ for _name, _op, _impl in _OPS:
     # Other devices run the body, i.e. the reference.
     for _key in ("CPU", "CUDA"):
         _kernels_lib.impl(_name, _impl, _key)
-    # The op's own autograd kernel where the private internals allow (dispatch.py says
-    # what it adds); otherwise the register_autograd registration serves every call.
-    _autograd = dispatch.autograd_kernel(_name, _impl)
+    # Strided nested tensors would otherwise meet the dispatcher's bare NotImplementedError;
+    # the check refuses them by name.
+    for _key in ("NestedTensorCPU", "NestedTensorCUDA"):
+        _kernels_lib.impl(_name, functools.partial(check_inputs, _name, transforms.NAMES[_name]), _key)
+    # The op's own autograd kernel where the private internals allow (eager.py says what it
+    # adds); otherwise the register_autograd registration serves every call.
+    _autograd = eager.autograd_kernel(_name)
     if _autograd is not None:
         for _key in ("AutogradCPU", "AutogradCUDA"):
             _kernels_lib.impl(_name, _autograd, _key, with_keyset=True)

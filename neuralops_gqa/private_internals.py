@@ -28,11 +28,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from csrc_free_ops.private_internals import ENABLED, ENV, disable
+from csrc_free_ops.private_internals import ENABLED, disable
 
 __all__ = [
-    "ENABLED",
-    "ENV",
     "AutogradInternals",
     "autograd_internals",
     "compiler_decomposition",
@@ -58,6 +56,11 @@ class AutogradInternals(NamedTuple):
       ``forward_ad_level()`` (the innermost ``torch.autograd.forward_ad`` level, -1 for none).
     - ``plain_keysets``: the dispatch keysets of a plain dense CPU or CUDA tensor at its
       autograd kernel.
+    - ``dispatch_keys(x)``: a tensor's own dispatch keyset (subclasses, layouts, the
+      conjugate, negative and zero-tensor bits, functionalization and functorch wrappers
+      show in it); ``function_modes()``: whether a ``TorchFunctionMode`` is active;
+      ``profiling()``: whether the autograd profiler records. What the eager route's guard
+      reads (``neuralops_gqa.eager``).
     """
 
     below_autograd: Callable[[], Any]
@@ -69,6 +72,9 @@ class AutogradInternals(NamedTuple):
     dispatch_modes: Callable[[], int]
     forward_ad_level: Callable[[], int]
     plain_keysets: frozenset[int]
+    dispatch_keys: Callable[[torch.Tensor], torch._C.DispatchKeySet]
+    function_modes: Callable[[], bool]
+    profiling: Callable[[], bool]
 
 
 def _plain_keysets() -> frozenset[int]:
@@ -94,6 +100,9 @@ def _probe_autograd() -> AutogradInternals:
         dispatch_modes=torch._C._len_torch_dispatch_stack,
         forward_ad_level=lambda: forward_ad._current_level,
         plain_keysets=_plain_keysets(),
+        dispatch_keys=torch._C._dispatch_keys,
+        function_modes=torch._C._is_torch_function_mode_enabled,
+        profiling=torch._C._autograd._profiler_enabled,
     )
     # Each as it is used: outside any transform, mode or dual level, and usable as contexts.
     if not issubclass(torch.autograd.Function, found.single_level_function):
@@ -104,6 +113,11 @@ def _probe_autograd() -> AutogradInternals:
         raise RuntimeError("the functorch, dispatch-mode or forward-AD state reads wrong at import")
     if not found.fwd_grad_enabled() or len(found.plain_keysets) != 2:
         raise RuntimeError("forward-AD mode or the dispatch keysets read wrong at import")
+    plain, negative = torch.empty(1), torch.empty(1)._neg_view()
+    if found.dispatch_keys(plain).raw_repr() == found.dispatch_keys(negative).raw_repr():
+        raise RuntimeError("a tensor's dispatch keys don't show its negative bit")
+    if found.function_modes() or found.profiling():
+        raise RuntimeError("the torch-function mode or profiler state reads wrong at import")
     return found
 
 

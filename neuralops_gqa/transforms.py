@@ -78,7 +78,7 @@ def setup_context_for(
     ctx.set_materialize_grads(False)
 
 
-def _pair_or_empty(a: Tensor | None, b: Tensor | None) -> Pair:
+def pair_or_empty(a: Tensor | None, b: Tensor | None) -> Pair:
     """Stand in a zero-width tensor for a missing gradient: it passes the checks and costs nothing."""
     # new_empty, not a slice: slicing a DTensor sharded on the last dim (Shard(3)) to zero
     # width gathers it from every rank first.
@@ -102,7 +102,7 @@ def backward_of(name: str) -> Callable[[Ctx, Tensor | None, Tensor | None], Grad
             grad_b = None
         if grad_a is None and grad_b is None:
             return None, None, None, None
-        out_a, out_b = op_named(adjoint)(*_pair_or_empty(grad_a, grad_b), ctx.num_kv_heads, ctx.num_heads)
+        out_a, out_b = op_named(adjoint)(*pair_or_empty(grad_a, grad_b), ctx.num_kv_heads, ctx.num_heads)
         return (None if grad_a is None else out_a), (None if grad_b is None else out_b), None, None
 
     return backward

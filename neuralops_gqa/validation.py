@@ -60,6 +60,11 @@ def check_tensor(op: str, name: str, x: object, gradient: bool = False) -> None:
     """
     if not isinstance(x, Tensor):  # the schema lets None through as an undefined tensor
         raise TypeError(f"{op}: {name} must be a Tensor, got {type(x).__name__}")
+    if x.is_nested:  # strided or jagged: neither has the sizes of one [B, H, N, D] tensor
+        raise ValueError(
+            f"{op}: {name} must be a dense tensor, got a nested tensor (pad it, e.g. with "
+            "to_padded_tensor(0), or call the op on each sequence)"
+        )
     if x.dim() != 4:
         raise ValueError(f"{op}: {name} must be 4-D [B, H, N, D], got shape {_shown(x.shape)}")
     if x.layout != torch.strided or x.is_quantized:
@@ -70,6 +75,16 @@ def check_tensor(op: str, name: str, x: object, gradient: bool = False) -> None:
         raise ValueError(f"{op}: {name} must have a real dtype, got {x.dtype}")
 
 
+def check_head_counts(op: str, num_kv_heads: object, num_heads: object) -> None:
+    """Raise a ``TypeError`` naming the argument unless both head counts are integers
+    (an ``int``, a symbolic size, or anything with ``__index__``; never a ``bool``)."""
+    for name, value in (("num_kv_heads", num_kv_heads), ("num_heads", num_heads)):
+        if isinstance(value, bool) or not (
+            isinstance(value, (int, torch.SymInt)) or hasattr(type(value), "__index__")
+        ):
+            raise TypeError(f"{op}: {name} must be an int, got {type(value).__name__} {value!r}")
+
+
 def check_inputs(
     op: str, names: tuple[str, str], a: Tensor, b: Tensor, num_kv_heads: int, num_heads: int
 ) -> None:
@@ -78,6 +93,7 @@ def check_inputs(
     ``a`` and ``b`` are ``(k, v)`` for ``gqa_expand`` (head dim ``num_kv_heads``) and
     ``(grad_k, grad_v)`` for ``gqa_reduce`` (head dim ``num_heads``).
     """
+    check_head_counts(op, num_kv_heads, num_heads)
     reduce = op == "gqa_reduce"
     check_tensor(op, names[0], a, reduce)
     check_tensor(op, names[1], b, reduce)

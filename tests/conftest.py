@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import neuralops_gqa
-from neuralops_gqa import dispatch, ops
+from neuralops_gqa import eager, ops
 from neuralops_gqa.backend import BACKEND_ENV
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -77,18 +77,22 @@ def pytest_report_header(config: pytest.Config) -> str:
 def op_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, torch.Size]]:
     """Each call of either op with its first input's shape: a real (eager) call as ``"gqa_expand"``,
     one seen while tracing (fake tensors, or the op taken apart for a compiler) as
-    ``"traced gqa_expand"``. Both kinds run the one argument check, from two modules."""
+    ``"traced gqa_expand"``. Every eager call looks up its cached launch once (whatever its
+    route), every trace runs the argument check: those two are recorded."""
     calls: list[tuple[str, torch.Size]] = []
+    entry = eager._entry
 
-    def recording(module: object, prefix: str) -> None:
-        check = module.check_inputs  # type: ignore[attr-defined]
+    def recording_entry(op, a, b, *args, copies=True):  # type: ignore[no-untyped-def]
+        if copies:  # the Python entry points' no-copy results (their input, a view) run no op
+            calls.append((op, a.shape))
+        return entry(op, a, b, *args, copies=copies)
 
-        def recording_check(op, names, a, b, *args):  # type: ignore[no-untyped-def]
-            calls.append((prefix + op, a.shape))
-            return check(op, names, a, b, *args)
+    check = ops.check_inputs
 
-        monkeypatch.setattr(module, "check_inputs", recording_check)
+    def recording_check(op, names, a, b, *args):  # type: ignore[no-untyped-def]
+        calls.append(("traced " + op, a.shape))
+        return check(op, names, a, b, *args)
 
-    recording(dispatch, "")
-    recording(ops, "traced ")
+    monkeypatch.setattr(eager, "_entry", recording_entry)
+    monkeypatch.setattr(ops, "check_inputs", recording_check)
     return calls

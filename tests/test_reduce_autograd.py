@@ -159,10 +159,10 @@ def test_reduce_is_deterministic(backend: str, device: str) -> None:
     blocks = set()
     for tile_bytes, unroll, hints, per_warp in [(512, 1, 0, 1024), (4096, 4, 1, 512), (32768, 16, 1, 2048)]:
         # WAVES=0: tiles as large as TILE_BYTES allows.
-        settings = replace(DEFAULT, WAVES=0, TILE_BYTES=tile_bytes, REDUCE_UNROLL=unroll, CACHE_HINTS=hints,
+        settings = replace(DEFAULT, WAVES=0, TILE_BYTES=tile_bytes, REDUCE_UNROLL=unroll, CACHE_HINTS=hints, REDUCE_CACHE_HINTS_MIN_L2S=0,
                            REDUCE_SHORT_GROUP_BYTES_PER_WARP=per_warp)  # fmt: skip
         plan = gqa_triton._reduce_plan(g_k.shape, g_k.stride(), g_k.dtype, g_v.shape, g_v.stride(), g_v.dtype,
-                                       6, gqa_triton._device_of(g_k), settings)  # fmt: skip
+                                       6, gqa_triton._device_props(g_k.device), settings)  # fmt: skip
         assert plan is not None and plan.meta["UNROLL"] == min(6, unroll)
         assert plan.meta["HINTS"] == bool(hints)
         blocks.add((plan.meta["K_BLOCK_R"], plan.meta["K_BLOCK_C"]))
@@ -180,7 +180,32 @@ def test_low_precision_reduce_rounds_once_to_nearest(backend: str, device: str, 
         g = torch.tensor(head, dtype=dtype).reshape(1, 8, 1, 1).expand(1, 8, 2, 4).contiguous().to(device)
         gk, _ = torch.ops.neuralops.gqa_reduce(g, g, 1, 8)
         assert gk.flatten().tolist() == [264.0] * 8
-    g = torch.randn(2, 16, 8, 16, generator=torch.Generator().manual_seed(3)).to(device=device, dtype=dtype)
+    # Integers of the dtype's full precision (8 significant bits for bfloat16, 11 for
+    # float16), scaled by a power of two: a sum of 8 needs at most 3 more bits, so it is
+    # exact in float32 whatever the order of the additions (ATen's sum below splits the dim;
+    # the op adds heads in order), and only the final rounding to the dtype can differ.
+    bits = {torch.bfloat16: 8, torch.float16: 11}[dtype]
+    ints = torch.randint(1 - 2**bits, 2**bits, (2, 16, 8, 16), generator=torch.Generator().manual_seed(3))
+    g = (ints.float() * 2.0**-bits).to(device=device, dtype=dtype)
+    assert torch.equal(g.float().cpu(), ints.float() * 2.0**-bits)  # exact in the dtype
     for out in torch.ops.neuralops.gqa_reduce(g, g, 2, 16):
         expected = g.float().unflatten(1, (2, 8)).sum(2).to(dtype)
         assert torch.equal(out, expected)
+    # Sums that need rounding happened: not every group sum is representable in the dtype.
+    assert not torch.equal(expected.float(), g.float().unflatten(1, (2, 8)).sum(2))
+
+
+@pytest.mark.parametrize("n_rep", [1, 2, 7, 24, 32, 71, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=short)
+def test_reduce_sums_in_head_order(backend: str, device: str, n_rep: int, dtype: torch.dtype) -> None:
+    """Each KV head is the sum of its group in head order, one addition after the other from
+    +0.0, in float32 (float64 for float64): bit for bit an explicit loop, on every backend and
+    group length (ATen's own sum splits long groups over several accumulators)."""
+    grad = make_tensor((1, 2 * n_rep, 3, 40), dtype, "bnhd", device, seed=n_rep)
+    grad[:, :n_rep, 0] = -0.0  # a group of negative zeros sums to +0.0 (0.0 + -0.0)
+    acc_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    expected = torch.zeros((1, 2, 3, 40), dtype=acc_dtype, device=device)
+    for r in range(n_rep):
+        expected = expected + grad.unflatten(1, (2, n_rep))[:, :, r].to(acc_dtype)
+    out, _ = torch.ops.neuralops.gqa_reduce(grad, grad, 2, 2 * n_rep)
+    assert_bitwise_equal(out, expected.to(dtype))

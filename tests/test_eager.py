@@ -1,0 +1,239 @@
+"""The eager route of plain calls (``neuralops_gqa.eager``) against the registered op's route:
+same bits, the same errors, results that are plain tensors, and a bounded host path."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import csrc_free_ops
+import neuralops_gqa
+from csrc_free_ops import private_internals
+from helpers import assert_bitwise_equal, expand_oracle, make_tensor
+
+needs_internals = pytest.mark.skipif(
+    not private_internals.ENABLED,
+    reason=f"{private_internals.ENV}=0: there is no plain route, every call takes the registered op",
+)
+
+
+class _SeenOps(TorchDispatchMode):
+    """A dispatch mode that lets every op through and records which ran: under it, every call
+    takes the registered op's route."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _both_routes(fn: Callable[[], object]) -> tuple[object, object]:
+    """``fn()`` on the plain route, then on the registered route (a dispatch mode forces it)."""
+    plain = fn()
+    with _SeenOps():
+        registered = fn()
+    return plain, registered
+
+
+CASES = [
+    ((2, 4, 5, 8), 3, torch.float32, "contiguous"),
+    ((1, 2, 7, 80), 4, torch.bfloat16, "bnhd"),
+    ((2, 1, 3, 64), 6, torch.float16, "offset"),
+    ((3, 2, 4, 16), 2, torch.float64, "step"),
+]
+IDS = ["B2-Hkv4-rep3-N5-D8-f32-contiguous", "B1-Hkv2-rep4-N7-D80-bf16-bnhd", "B2-Hkv1-rep6-N3-D64-f16-offset",
+       "B3-Hkv2-rep2-N4-D16-f64-step"]  # fmt: skip
+
+
+@pytest.mark.parametrize(("shape", "n_rep", "dtype", "layout"), CASES, ids=IDS)
+def test_plain_and_registered_routes_agree(
+    backend: str, device: str, shape: tuple[int, int, int, int], n_rep: int, dtype: torch.dtype, layout: str
+) -> None:
+    """Forward bits, gradients and their bits, through ``gqa_expand``, ``repeat_kv`` and
+    ``torch.ops``, whichever route a call takes."""
+    kv = shape[1]
+    k = make_tensor(shape, dtype, layout, device, seed=1)
+    v = make_tensor((*shape[:3], 24), dtype, "contiguous", device, seed=2)
+    grads = (make_tensor((shape[0], kv * n_rep, *shape[2:]), dtype, "contiguous", device, seed=3),
+             make_tensor((shape[0], kv * n_rep, shape[2], 24), dtype, "bnhd", device, seed=4))  # fmt: skip
+
+    def step(expand: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]) -> tuple[Tensor, ...]:
+        kg, vg = k.detach().requires_grad_(), v.detach().requires_grad_()
+        outs = expand(kg, vg)
+        torch.autograd.backward(outs, grads)
+        assert kg.grad is not None and vg.grad is not None
+        return (*outs, kg.grad, vg.grad)
+
+    entries = {
+        "gqa_expand": lambda a, b: neuralops_gqa.gqa_expand(a, b, kv, kv * n_rep),
+        "torch.ops": lambda a, b: torch.ops.neuralops.gqa_expand(a, b, kv, kv * n_rep),
+        "repeat_kv": lambda a, b: (neuralops_gqa.repeat_kv(a, n_rep), neuralops_gqa.repeat_kv(b, n_rep)),
+    }
+    for name, expand in entries.items():
+        plain, registered = _both_routes(lambda: step(expand))  # noqa: B023
+        for a, b in zip(plain, registered):  # type: ignore[call-overload]
+            assert_bitwise_equal(a, b)
+        assert_bitwise_equal(plain[0], expand_oracle(k, n_rep)), name  # type: ignore[index]
+    with torch.no_grad():
+        plain, registered = _both_routes(lambda: torch.ops.neuralops.gqa_reduce(*grads, kv, kv * n_rep))
+    for a, b in zip(plain, registered):  # type: ignore[call-overload]
+        assert_bitwise_equal(a, b)
+
+
+@pytest.mark.parametrize("route", ["plain", "registered"])
+@pytest.mark.parametrize("entry", ["gqa_expand", "torch.ops", "repeat_kv", "gqa_reduce"])
+def test_results_can_be_modified_in_place(backend: str, device: str, route: str, entry: str) -> None:
+    """Every result is a new tensor that is no view, so in-place scaling under autograd works
+    (rotary embeddings or a scale applied to the expanded keys), with the right gradient."""
+    k = make_tensor((1, 2, 3, 4), torch.float64, "contiguous", device, seed=1).requires_grad_()
+    v = make_tensor((1, 2, 3, 4), torch.float64, "bnhd", device, seed=2).requires_grad_()
+    calls = {
+        "gqa_expand": lambda: neuralops_gqa.gqa_expand(k, v, 2, 6)[0],
+        "torch.ops": lambda: torch.ops.neuralops.gqa_expand(k, v, 2, 6)[0],
+        "repeat_kv": lambda: neuralops_gqa.repeat_kv(k, 3),
+        "gqa_reduce": lambda: torch.ops.neuralops.gqa_reduce(
+            k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), 2, 6
+        )[0],
+    }
+    mode = _SeenOps() if route == "registered" else None
+    if mode is not None:
+        mode.__enter__()
+    try:
+        out = calls[entry]()
+        assert not out._is_view()
+        out.mul_(3)
+        out.sum().backward()
+    finally:
+        if mode is not None:
+            mode.__exit__(None, None, None)
+    assert k.grad is not None
+    # d(sum(3 * expand(k)))/dk = 3 * n_rep; for the reduction of an expansion, 3 * n_rep too.
+    torch.testing.assert_close(k.grad, torch.full_like(k, 9.0), rtol=0, atol=0)
+
+
+def test_modes_profilers_and_traces_see_the_op(device: str) -> None:
+    """Where something watches, the Python entry points call the registered op."""
+    k = make_tensor((1, 2, 3, 4), torch.float32, "contiguous", device)
+    with _SeenOps() as mode:
+        neuralops_gqa.gqa_expand(k, k, 2, 4)
+        neuralops_gqa.repeat_kv(k, 2)
+    assert mode.seen.count("neuralops.gqa_expand.default") == 2
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        neuralops_gqa.gqa_expand(k, k, 2, 4)
+    assert any(event.name == "neuralops::gqa_expand" for event in prof.events())
+    graph = torch.fx.symbolic_trace(lambda x: neuralops_gqa.repeat_kv(x, 2) * 2)
+    assert_bitwise_equal(graph(k), expand_oracle(k, 2) * 2)
+    assert any(node.target is neuralops_gqa.repeat_kv for node in graph.graph.nodes)
+    graph = torch.fx.symbolic_trace(lambda x: neuralops_gqa.gqa_expand(x, x, 2, 4)[1])
+    assert_bitwise_equal(graph(k), expand_oracle(k, 2))
+
+
+_OURS = (os.path.dirname(neuralops_gqa.__file__), os.path.dirname(csrc_free_ops.__file__))
+
+
+@contextmanager
+def _python_calls() -> Iterator[list[str]]:
+    """Our Python functions called while the block runs (torch's own frames, the same for
+    Hugging Face's repeat_kv and different in each torch release, are not counted)."""
+    calls: list[str] = []
+
+    def profiler(frame, event, arg):  # type: ignore[no-untyped-def]
+        if event == "call" and frame.f_code.co_filename.startswith(_OURS):
+            calls.append(f"{frame.f_code.co_filename.rsplit('/', 2)[-1]}:{frame.f_code.co_name}")
+
+    sys.setprofile(profiler)
+    try:
+        yield calls
+    finally:
+        sys.setprofile(None)
+
+
+# The host path's budget in Python function calls of ours (on the CPU reference: the guard,
+# the cached entry, the launch), deterministic where a wall clock is not. A change that adds
+# frames to every eager call fails here; raise a budget only with a measurement of what
+# the frames cost.
+_BUDGETS = {"gqa_expand": 10, "repeat_kv": 8, "torch.ops": 7, "forward and backward": 21}
+
+
+@needs_internals
+def test_eager_calls_stay_within_their_python_call_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURALOPS_GQA_BACKEND", "torch")
+    k = torch.randn(1, 2, 3, 4)
+    kg = k.clone().requires_grad_()
+    grad = torch.randn(1, 4, 3, 4)
+    calls = {
+        "gqa_expand": lambda: neuralops_gqa.gqa_expand(k, k, 2, 4),
+        "repeat_kv": lambda: neuralops_gqa.repeat_kv(k, 2),
+        "torch.ops": lambda: torch.ops.neuralops.gqa_expand(k, k, 2, 4),
+        "forward and backward": lambda: torch.autograd.backward(
+            neuralops_gqa.gqa_expand(kg, kg, 2, 4), (grad, grad)
+        ),
+    }
+    counts = {}
+    for name, call in calls.items():
+        call()  # the first call of a layout checks it and caches its launch
+        with _python_calls() as seen:
+            call()
+        counts[name] = len(seen)
+        assert len(seen) <= _BUDGETS[name], (name, seen)
+    assert counts["repeat_kv"] < counts["gqa_expand"]  # one tensor launched, not a pair
+
+
+@needs_internals
+def test_backend_variable_takes_effect_on_the_next_call(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The variable is part of the cached launch's key: no call is served the old backend."""
+    from csrc_free_ops import gqa_triton  # needs triton; the backend fixture is not used here
+
+    launched: list[str] = []
+    real = gqa_triton.expand_launch
+
+    def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
+        launched.append("triton")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gqa_triton, "expand_launch", recording)
+    k = make_tensor((1, 3, 2, 8), torch.float32, "contiguous", device)
+    for variable in ("torch", "triton", "torch", "bogus"):
+        monkeypatch.setenv("NEURALOPS_GQA_BACKEND", variable)
+        if variable == "bogus":
+            with pytest.raises(ValueError, match="NEURALOPS_GQA_BACKEND must be one of"):
+                neuralops_gqa.gqa_expand(k, k, 3, 6)
+            continue
+        before = len(launched)
+        assert_bitwise_equal(neuralops_gqa.gqa_expand(k, k, 3, 6)[0], expand_oracle(k, 2))
+        assert (len(launched) > before) == (variable == "triton"), variable
+
+
+@pytest.mark.parametrize("heads", [(2.0, 2.0), (2.0, 4), ("2", "2"), (True, True), (2, None)])
+def test_head_counts_must_be_integers(device: str, heads: tuple[object, object]) -> None:
+    """A float, a string, a bool or None as a head count is a TypeError naming it, also where
+    there is nothing to expand (the Python entry points would return the inputs there)."""
+    k = make_tensor((1, 2, 3, 4), torch.float32, "contiguous", device)
+    with pytest.raises(TypeError, match=r"gqa_expand: num_(kv_)?heads must be an int"):
+        neuralops_gqa.gqa_expand(k, k, *heads)  # type: ignore[arg-type]
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+def test_nested_tensors_are_refused_by_name(device: str) -> None:
+    """Strided and jagged nested tensors: a ValueError naming the argument, not the
+    dispatcher's NotImplementedError or an internal error about sizes."""
+    parts = [torch.randn(2, 3, 4, device=device), torch.randn(2, 5, 4, device=device)]
+    for layout in (torch.strided, torch.jagged):
+        try:
+            nested = torch.nested.nested_tensor(parts, layout=layout)
+        except RuntimeError as e:  # a torch without this layout on this device
+            pytest.skip(f"torch.nested.nested_tensor(layout={layout}) fails here: {e}")
+        with pytest.raises(ValueError, match="nested"):
+            torch.ops.neuralops.gqa_expand(nested, nested, 2, 4)
+        with pytest.raises(ValueError, match="repeat_kv: hidden_states must be a dense tensor"):
+            neuralops_gqa.repeat_kv(nested, 2)
