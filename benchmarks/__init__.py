@@ -1,7 +1,11 @@
-"""The benchmark, its report and the docs' generated figures: run from a checkout, not installed.
+"""The benchmarks, run from a checkout (not installed); nothing in the product imports them.
 
-``python -m benchmarks.bench`` (the op against its peers), ``python -m benchmarks.users_shapes``
-(the grid of users' shapes), ``python -m benchmarks.attention`` (the op inside attention
-blocks, peers as users run them), ``python -m benchmarks.e2e_transformers`` (a training step
-of a small Llama). Nothing in ``neuralops_gqa`` or ``csrc_free_ops`` imports this package.
+Layers, each importing only those below it:
+  cases, timing, peers, targets, cli, results   what is run, how it is timed and judged, the
+                                                command lines' and result files' plumbing
+  kernels, host, compiled, memory,              one runner each, writing a result file;
+  users_shapes, attention, e2e_transformers,    none imports another
+  profile_points
+  report, docs_blocks                           Markdown and plots from result files
+  bench, run_all                                command lines that run several runners
 """

@@ -1,19 +1,10 @@
-"""Rewrite the generated blocks of README.md and docs/ from the committed benchmark JSON.
+"""Fill the generated blocks of README.md and docs/ from the committed result files.
 
-``python -m benchmarks.bench --render`` (``--check`` only compares). A page holds a block
-as::
-
-    <!-- generated: NAME [GPU] -->
-    ...
-    <!-- end generated -->
-
-where GPU names ``docs/benchmarks/<GPU>.json``. A block may also sit inside a sentence
-(start and end markers on one line). The text between the markers is replaced; everything
-else on the page is left as written. Every ``docs/benchmarks/<gpu>.json`` must be rendered
-by a ``results <gpu>`` block in docs/benchmarks.md, so a new GPU's run can't go unshown.
-
-Not for: running benchmarks (:mod:`benchmarks.bench`) or formatting tables
-(:mod:`benchmarks.markdown`).
+``python -m benchmarks.bench --render`` (``--check``: compare only). A page holds a block as
+``<!-- generated: NAME ARGS -->...<!-- end generated -->``, on lines of its own or inside a
+sentence; the text between the markers is replaced, the rest of the page left as written.
+ARGS name files in docs/benchmarks/ (without ``.json``). Every ``docs/benchmarks/<gpu>.json``
+must be shown by a ``results <gpu>`` block in docs/benchmarks.md, so no GPU's run goes unshown.
 """
 
 from __future__ import annotations
@@ -23,241 +14,224 @@ import json
 import os
 import re
 import sys
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks import markdown
-from benchmarks.markdown import Report
+from benchmarks import report as md
+from benchmarks import targets
+from benchmarks.cases import Shape
 
 MARKER = re.compile(r"<!-- generated: (?P<spec>[^>]*?) -->(?P<body>.*?)<!-- end generated -->", re.S)
 RESULTS_PAGE = Path("docs/benchmarks.md")
 GPU_JSON = re.compile(r"[a-z0-9]+")  # h200.json, h100.json; not h200-sweep.json or e2e-h200.json
+Block = Callable[[list[dict[str, Any]], Path, list[Path]], str]
 
 
 class RenderError(ValueError):
-    """A block the generator can't fill: an unknown name, a missing GPU, a stray marker."""
-
-
-def discover(root: Path) -> list[Path]:
-    """The committed per-GPU results: ``docs/benchmarks/<gpu>.json`` with kernel results."""
-    found = []
-    for path in sorted((root / "docs" / "benchmarks").glob("*.json")):
-        if GPU_JSON.fullmatch(path.stem) and "results" in json.loads(path.read_text()):
-            found.append(path)
-    return found
-
-
-def _one_gpu(
-    render: Callable[[Report, Path, Path], str],
-) -> Callable[[list[str], dict[str, tuple[Report, Path]], Path], str]:
-    def block(args: list[str], reports: dict[str, tuple[Report, Path]], page: Path) -> str:
-        if len(args) != 1:
-            raise RenderError(f"needs one GPU name (one of {', '.join(reports) or 'none committed'})")
-        if args[0] not in reports:
-            raise RenderError(f"no docs/benchmarks/{args[0]}.json (have: {', '.join(reports) or 'none'})")
-        report, path = reports[args[0]]
-        return render(report, path, page)
-
-    return block
+    """A block the renderer can't fill: an unknown name, a missing file, a stray marker."""
 
 
 def _link(target: Path, page: Path) -> str:
     return Path(os.path.relpath(target, page.parent)).as_posix()
 
 
-def _results(report: Report, path: Path, page: Path) -> str:
-    png = path.with_suffix(".png")
+def _results(data: list[dict[str, Any]], page: Path, paths: list[Path]) -> str:
+    png = paths[0].with_suffix(".png")
     image = _link(png, page) if png.exists() else None
-    text = f"Raw numbers: [`{_link(path, page)}`]({_link(path, page)}).\n\n"
-    return text + markdown.results_markdown(report, level=3, image=image)
+    raw = _link(paths[0], page)
+    return f"Raw numbers: [`{raw}`]({raw}).\n\n" + md.bench_markdown(data[0], level=3, image=image)
 
 
-def _index_performance(report: Report, path: Path, page: Path) -> str:
-    dtype = markdown.lead_dtype(report)
-    ranges = markdown.kernel_ranges(report, dtype) if dtype else {}
-    if "forward" not in ranges:
-        return f"No kernel figures in the {markdown.where(report)} run."
-    f, b = ranges["forward"], ranges.get("backward", {})
-    lines = [
-        f"On one {markdown.where(report)}, {dtype}, over the shapes that move at least 64 MB "
-        f"(measured against a {report['ceiling_gbs']:.0f} GB/s copy ceiling in the same run):",
-        "",
-        f"- **{f['geomean']}%** of the copy ceiling forward"
-        + (f" and **{b['geomean']}%** backward" if b else "")
-        + f" (geometric means; lowest shape {f['pct'].split('-')[0]}%"
-        + (f" and {b['pct'].split('-')[0]}%" if b else "")
-        + ");",
+def _summary(data: list[dict[str, Any]], page: Path, paths: list[Path]) -> str:
+    """The kernels in a table per GPU; with no file named, every committed GPU's."""
+    root = page_root(page)
+    link = _link(root / RESULTS_PAGE, page)
+    pyproject = root / "pyproject.toml"
+    if page.name == "README.md" and pyproject.exists():  # read off the repository too (an index page)
+        urls = tomllib.loads(pyproject.read_text()).get("project", {}).get("urls", {})
+        link = f"{urls['Repository']}/blob/main/{RESULTS_PAGE.as_posix()}" if "Repository" in urls else link
+    data = data or [json.loads(p.read_text()) for p in gpu_results(root)]
+    return "\n".join(md.summary(r, link) for r in data) or "No results committed yet."
+
+
+def _host(r: dict[str, Any]) -> str:
+    return f"{md.host_pair(r)} ({md.where(r)}, small shape, per call)" if md.host_pair(r) else "not measured"
+
+
+def _compiled_host(r: dict[str, Any]) -> str:
+    rows = [x for x in (r.get("compiled") or {}).get("rows", []) if x["timing"] == "wall_us"]
+    if not rows:
+        return "not measured"
+    parts = [
+        f"{md.WORKLOADS[x['workload']]} in `{x['mode']}` mode {x['times']['neuralops']:.1f} us against "
+        f"{x['times']['compiled_hf']:.1f} us"
+        for x in rows
     ]
-    peers = []
-    if "hf_eager" in f["x"]:
-        peers.append(f"**{f['x']['hf_eager']}** Hugging Face's eager `repeat_kv`")
-    if "compiled_hf" in f["x"]:
-        peers.append(f"**{f['x']['compiled_hf']}** `torch.compile` of it")
-    line = "- forward " + " and ".join(peers)
-    if b and "compiled_hf" in b["x"]:
-        line += f"; backward {b['x']['compiled_hf']} compiled autograd's kernels"
-    lines.append(line + ".")
-    host = markdown.eager_host_sentence(report)
-    lines += ["", host[0].upper() + host[1:] + "."]
-    return "\n".join(lines)
-
-
-def _readme_all(args: list[str], reports: dict[str, tuple[Report, Path]], page: Path) -> str:
-    if args:
-        raise RenderError("takes no arguments (it covers every committed GPU)")
-    if not reports:
-        return "No benchmark results are committed yet."
-    link = _link(page.parent / RESULTS_PAGE, page) if page.name == "README.md" else "benchmarks.md"
-    return "\n\n".join(markdown.readme_paragraph(report, link) for report, _ in reports.values())
-
-
-def _raw_json(args: list[str], page: Path) -> Any:
-    if len(args) != 1:
-        raise RenderError("needs one file name from docs/benchmarks/ (without .json)")
-    docs = next((folder for folder in page.parents if folder.name == "docs"), None)
-    path = docs / "benchmarks" / f"{args[0]}.json" if docs is not None else None
-    if path is None or not path.exists():
-        raise RenderError(f"no docs/benchmarks/{args[0]}.json for this page")
-    return json.loads(path.read_text())
-
-
-def _e2e(args: list[str], reports: dict[str, tuple[Report, Path]], page: Path) -> str:
-    return markdown.e2e_markdown(_raw_json(args, page))
-
-
-def _variants(args: list[str], reports: dict[str, tuple[Report, Path]], page: Path) -> str:
-    return markdown.variants_markdown(_raw_json(args, page))
-
-
-def _users_shapes(args: list[str], reports: dict[str, tuple[Report, Path]], page: Path) -> str:
-    return markdown.users_shapes_markdown(_raw_json(args, page))
-
-
-def _attention(args: list[str], reports: dict[str, tuple[Report, Path]], page: Path) -> str:
-    return markdown.attention_markdown(_raw_json(args, page))
-
-
-def _rules_change(args: list[str], reports: dict[str, tuple[Report, Path]], page: Path) -> str:
-    if len(args) != 2:
-        raise RenderError(
-            "needs two file names from docs/benchmarks/: the current sweep, then the previous rules'"
-        )
-    return markdown.rules_change_markdown(_raw_json(args[:1], page), _raw_json(args[1:], page))
-
-
-def _private_switch(args: list[str], reports: dict[str, tuple[Report, Path]], page: Path) -> str:
-    """Host cost of an eager call with the private fast paths on and off (two raw runs)."""
-    if len(args) != 2:
-        raise RenderError("needs two file names from docs/benchmarks/: the run with the switch on, then off")
-    on, off = (_raw_json([name], page)["host_overhead_us"] for name in args)
     return (
-        f"an eager call of the small shape (both tensors) took {on['neuralops']:.1f} us with the private "
-        f"fast paths and {off['neuralops']:.1f} us without (Hugging Face's `repeat_kv`: "
-        f"{on['hf_eager']:.1f} and {off['hf_eager']:.1f} us in the same runs); our launcher alone "
-        f"{on['launcher_only']:.1f} against {off['launcher_only']:.1f} us"
+        f"small benchmark shape ({Shape(**rows[0]['shape']).describe()}), both tensors, on the {md.where(r)} "
+        "machine's host, ours against compiled `repeat_kv`: " + "; ".join(parts)
     )
 
 
-BLOCKS: dict[str, Callable[[list[str], dict[str, tuple[Report, Path]], Path], str]] = {
-    # docs/benchmarks.md: everything one GPU's run holds.
-    "results": _one_gpu(_results),
-    # README.md "## Performance": one paragraph per committed GPU.
-    "performance-summary": _readme_all,
-    # docs/design.md "## Results".
-    "design-results": _one_gpu(lambda r, _p, _g: markdown.design_results(r)),
-    # docs/index.md "## Performance".
-    "index-performance": _one_gpu(_index_performance),
-    # In-sentence figures for the usage pages and the introductions.
-    "eager-host": _one_gpu(lambda r, _p, _g: markdown.eager_host_sentence(r)),
-    "compiled-host": _one_gpu(lambda r, _p, _g: markdown.compiled_host_sentence(r)),
-    "compiled-choice": _one_gpu(lambda r, _p, _g: markdown.compiled_choice(r)),
-    "eager-peer-range": _one_gpu(lambda r, _p, _g: markdown.eager_peer_range(r)),
-    "copy-ceiling": _one_gpu(lambda r, _p, _g: f"{r['ceiling_gbs']:.0f} GB/s"),
-    "worked-example": _one_gpu(lambda r, _p, _g: markdown.worked_example(r, "llama3-8b")),
-    # docs/benchmarks.md: the end-to-end training step and the launch-settings variants,
-    # from their own JSON files (python -m benchmarks.e2e_transformers,
-    # and the hint runs).
-    "e2e": _e2e,
-    "variants": _variants,
-    # docs/benchmarks.md: the sweep of users' shapes and the attention blocks.
-    "users-shapes": _users_shapes,
-    "attention": _attention,
-    "rules-change": _rules_change,
-    # docs/usage/limitations.md: what NEURALOPS_GQA_PRIVATE_INTERNALS=0 costs.
-    "private-switch": _private_switch,
+def _compiled_choice(r: dict[str, Any]) -> str:
+    """Our expansion kernel against the op's fusable ATen form inside compiled graphs."""
+    found: dict[str, list[str]] = {}
+    for x in (r.get("compiled") or {}).get("rows", []):
+        t = x["times"]
+        if x["timing"] == "graph_ms" and "neuralops_kernel" in t:
+            ratio = md.fx(t["neuralops"] / t["neuralops_kernel"])
+            found.setdefault(md.WORKLOADS[x["workload"]], []).append(f"{x['shape']['name']} {ratio}")
+    if not found:
+        return "not measured"
+    each = "; ".join(f"{w}: {', '.join(v)}" for w, v in found.items())
+    what = f"on the {md.where(r)}, {r['compiled']['dtype']}, GPU time of the ATen form over our kernel's"
+    return f"{what} (above 1x our kernel is faster): {each}"
+
+
+def _peer_range(r: dict[str, Any]) -> str:
+    dtype = md.lead_dtype(r)
+    pcts = [
+        p
+        for x in md.rows_of(r, dtype, targets.SUMMARY_MIN_MB)
+        if x["direction"] == "forward"
+        for peer in ("hf_eager", "repeat_interleave")
+        if (p := md.pct_ceiling(r, x, peer)) is not None
+    ]
+    return f"{md.span(pcts)}%" if pcts else "a fraction"
+
+
+def _worked_example(r: dict[str, Any], shape: str = "llama3-8b") -> str:
+    for x in md.rows_of(r, "bfloat16"):
+        if x["shape"]["name"] == shape and x["direction"] == "forward":
+            t = md.ms(x, "neuralops")
+            return (
+                f"The benchmark measured {t:.4f} ms, {x['bytes'] / t / 1e6:.0f} GB/s, "
+                f"{md.pct_ceiling(r, x, 'neuralops'):.1f}% of the ceiling; Hugging Face's eager `repeat_kv` on the "
+                f"same shape reached {md.pct_ceiling(r, x, 'hf_eager'):.1f}% ({md.where(r)})."
+            )
+    return f"The committed run has no bfloat16 forward of {shape}."
+
+
+def _private_switch(data: list[dict[str, Any]], page: Path, paths: list[Path]) -> str:
+    """The host's cost with the private fast paths on and off (two runs)."""
+    on, off = ({x["name"]: x["us"] for x in d["host"]["rows"]} for d in data)
+    ours = "expand" if "expand" in on else "op_expand"
+    text = (
+        f"an eager call of the small shape (both tensors) took {on[ours]:.1f} us with the private fast paths and "
+        f"{off[ours]:.1f} us without (Hugging Face's `repeat_kv`: {on['hf']:.1f} and {off['hf']:.1f} us in the "
+        "same runs)"
+    )
+    return text + (
+        f"; our launcher alone {on['launcher']:.1f} against {off['launcher']:.1f} us"
+        if "launcher" in on
+        else ""
+    )
+
+
+def _one(render: Callable[[dict[str, Any]], str]) -> Block:
+    return lambda data, page, paths: render(data[0])
+
+
+# name -> (how many files it reads, its renderer)
+BLOCKS: dict[str, tuple[int, Block]] = {
+    "results": (1, _results),  # docs/benchmarks.md: one GPU's whole run
+    "performance-summary": (0, _summary),  # README.md: every committed GPU
+    "index-performance": (1, _summary),
+    "design-results": (1, _summary),
+    "eager-host": (1, _one(_host)),
+    "compiled-host": (1, _one(_compiled_host)),
+    "compiled-choice": (1, _one(_compiled_choice)),
+    "eager-peer-range": (1, _one(_peer_range)),
+    "copy-ceiling": (1, _one(lambda r: f"{r['ceiling_gbs']:.0f} GB/s")),
+    "worked-example": (1, _one(_worked_example)),
+    "e2e": (1, _one(md.e2e_markdown)),
+    "variants": (1, _one(md.variants_markdown)),
+    "users-shapes": (1, _one(md.users_markdown)),
+    "attention": (1, _one(md.attention_markdown)),
+    "rules-change": (2, lambda data, page, paths: md.rules_change_markdown(*data)),
+    "private-switch": (2, _private_switch),
 }
 
 
-def render_page(text: str, reports: dict[str, tuple[Report, Path]], page: Path) -> str:
-    """``text`` with every generated block filled from ``reports``."""
+def page_root(page: Path) -> Path:
+    """The checkout a page belongs to: the folder above its docs/ (README.md's own folder)."""
+    docs = next((p for p in page.parents if p.name == "docs"), None)
+    return page.parent if docs is None else docs.parent
+
+
+def gpu_results(root: Path) -> list[Path]:
+    return [p for p in sorted((root / "docs" / "benchmarks").glob("*.json")) if GPU_JSON.fullmatch(p.stem)]
+
+
+def render_page(text: str, page: Path) -> str:
+    """``text`` with every generated block filled from the files it names."""
 
     def fill(match: re.Match[str]) -> str:
-        spec = match.group("spec").split()
-        if not spec or spec[0] not in BLOCKS:
-            raise RenderError(f"{page}: unknown block {match.group('spec')!r} (known: {', '.join(BLOCKS)})")
-        try:
-            body = BLOCKS[spec[0]](spec[1:], reports, page).strip("\n")
-        except RenderError as err:
-            raise RenderError(f"{page}: block {match.group('spec')!r}: {err}") from None
+        spec = match.group("spec")
+        name, *args = spec.split()
+        if name not in BLOCKS:
+            raise RenderError(f"{page}: unknown block {spec!r} (known: {', '.join(BLOCKS)})")
+        count, render = BLOCKS[name]
+        paths = [page_root(page) / "docs" / "benchmarks" / f"{a}.json" for a in args]
+        missing = [str(p) for p in paths if not p.is_file()]
+        if len(args) != count or missing:
+            raise RenderError(
+                f"{page}: block {spec!r} names {count} file(s) of docs/benchmarks/ that exist; missing: {missing}"
+            )
+        body = render([json.loads(p.read_text()) for p in paths], page, paths).strip("\n")
         inline = "\n" not in match.group("body")
         if inline and "\n" in body:
             raise RenderError(
-                f"{page}: block {match.group('spec')!r} renders several lines: put its markers on lines of their own"
+                f"{page}: block {spec!r} renders several lines: put its markers on lines of their own"
             )
-        body = body if inline else f"\n{body}\n"
-        return f"<!-- generated: {match.group('spec')} -->{body}<!-- end generated -->"
+        return (
+            f"<!-- generated: {spec} -->{body if inline else chr(10) + body + chr(10)}<!-- end generated -->"
+        )
 
     out = MARKER.sub(fill, text)
-    stray = MARKER.sub("", out)
-    if "<!-- generated:" in stray or "<!-- end generated -->" in stray:
+    if "<!-- generated:" in MARKER.sub("", out) or "<!-- end generated -->" in MARKER.sub("", out):
         raise RenderError(f"{page}: a generated marker without its partner")
     return out
 
 
-def pages(root: Path) -> list[Path]:
-    """README.md and every page of the docs site."""
-    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
-
-
-def render_all(root: Path, jsons: list[Path] | None = None) -> dict[Path, tuple[str, str]]:
-    """Every page that holds a generated block: its current text and what it should be."""
-    paths = jsons if jsons else discover(root)
-    reports: dict[str, tuple[Report, Path]] = {p.stem: (json.loads(p.read_text()), p) for p in paths}
-    results_page = root / RESULTS_PAGE
-    results_text = results_page.read_text() if results_page.exists() else ""
-    for gpu in reports:
-        if f"<!-- generated: results {gpu} -->" not in results_text:
+def render_all(root: Path) -> dict[Path, tuple[str, str]]:
+    """Every page that holds a generated block: its text and what it should be."""
+    shown = (root / RESULTS_PAGE).read_text() if (root / RESULTS_PAGE).exists() else ""
+    for path in gpu_results(root):
+        if f"<!-- generated: results {path.stem} -->" not in shown:
             raise RenderError(
-                f"docs/benchmarks/{gpu}.json is not shown: add a block to {RESULTS_PAGE}:\n"
-                f"<!-- generated: results {gpu} -->\n<!-- end generated -->"
+                f"docs/benchmarks/{path.name} is not shown: add a block to {RESULTS_PAGE}:\n"
+                f"<!-- generated: results {path.stem} -->\n<!-- end generated -->"
             )
     out = {}
-    for page in pages(root):
-        if not page.exists():
-            continue
-        text = page.read_text()
+    for page in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
+        text = page.read_text() if page.exists() else ""
         if "<!-- generated:" in text or "<!-- end generated -->" in text:
-            out[page] = (text, render_page(text, reports, page))
+            out[page] = (text, render_page(text, page))
     return out
 
 
-def main(root: Path, jsons: list[Path] | None = None, check: bool = False) -> int:
+def main(root: Path, check: bool = False) -> int:
     """Rewrite (or with ``check``, compare) every generated block; 1 if a check finds drift."""
     try:
-        rendered = render_all(root, jsons)
-    except RenderError as err:
-        print(f"error: {err}", file=sys.stderr)
+        rendered = render_all(root)
+    except RenderError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     stale = [page for page, (old, new) in rendered.items() if old != new]
     for page in stale:
         old, new = rendered[page]
         if check:
-            rel = page.relative_to(root).as_posix() if page.is_relative_to(root) else str(page)
-            diff = difflib.unified_diff(
-                old.splitlines(), new.splitlines(), rel, f"{rel} (from the JSON)", lineterm=""
+            name = page.relative_to(root).as_posix()
+            print(
+                "\n".join(
+                    difflib.unified_diff(
+                        old.splitlines(), new.splitlines(), name, f"{name} (from the JSON)", lineterm=""
+                    )
+                )
             )
-            print("\n".join(diff))
         else:
             page.write_text(new)
             print(f"rewrote {page}")
@@ -267,6 +241,5 @@ def main(root: Path, jsons: list[Path] | None = None, check: bool = False) -> in
             file=sys.stderr,
         )
         return 1
-    if not stale:
-        print(f"{len(rendered)} page(s) with generated blocks, all up to date")
+    print(f"{len(rendered)} page(s) with generated blocks" + ("" if stale else ", all up to date"))
     return 0

@@ -1,100 +1,59 @@
-"""End-to-end benchmark: one training step of a small Llama on stock and neuralops attention.
+"""One training step of a Llama on stock and neuralops attention: ``python -m benchmarks.e2e_transformers``.
 
-``python -m benchmarks.e2e_transformers --out e2e.json``
-
-A randomly initialised Llama (on CUDA by default 4 layers, hidden 2048, 16 query and 4 KV
-heads of dim 128, bfloat16; on CPU a tiny float32 one) takes a forward and backward step
-on a left-padded batch, so the attention gets a mask and stock ``"sdpa"`` must call
-``repeat_kv``. One model switches between ``"sdpa"``, ``"neuralops_sdpa"``, ``"eager"``
-and ``"neuralops_eager"`` with ``set_attn_implementation``, so all four run the same
-weights on the same batch. After warmup the implementations take turns, one step each per
-round, so clock and thermal drift hit them alike; each step is timed with CUDA events
-(wall clock on CPU). Reported per implementation: the median and every step's ms, the
-peak memory of a step, and the loss (stock and ours must agree); and the speedup of each
-neuralops implementation over its stock counterpart. Writes JSON to ``--out``.
-
-This measures what the op changes in a whole model; the op alone is measured by
-``python -m benchmarks.bench``.
+A randomly initialised Llama (--model, listed below) takes a forward and backward step on a
+left-padded batch, so the attention gets a mask and stock "sdpa" must call repeat_kv. One
+model switches between "sdpa", "neuralops_sdpa", "eager" and "neuralops_eager" with
+set_attn_implementation, so all run the same weights on the same batch. After warm-up the
+implementations take turns, one step each per round (drift hits them alike); each step is
+timed with CUDA events around it (the host's time shows where it bounds the step; wall
+clock on a CPU). Reported per implementation: the median and every step's ms, the peak
+memory of a step and the loss (stock's and ours agree), and each neuralops implementation's
+speedup over its stock counterpart. The small model is host-bound, the large one GPU-bound.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 import transformers
 
-from benchmarks import cli
-from benchmarks.bench import machine_info
+from benchmarks import cases, cli, results
 from neuralops_gqa.integrations import transformers as neuralops_transformers
 
-PAIRS = (("sdpa", "neuralops_sdpa"), ("eager", "neuralops_eager"))
+PAIRS = (("sdpa", neuralops_transformers.SDPA), ("eager", neuralops_transformers.EAGER))
+IMPLEMENTATIONS = tuple(name for pair in PAIRS for name in pair)
+PADDING = "left, row i padded by i * seq // (4 * batch) tokens"
+STEP = "forward + backward (loss over non-pad tokens), gradients set to None before each step"
 
 
-@dataclass(frozen=True)
-class Setup:
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    vocab: int
-    batch: int
-    seq: int
-    dtype: str
-
-
-# About 310M parameters with the embeddings; 16k tokens a step, a few seconds per
-# implementation on an H200 including warmup. Eager attention keeps [B, H, N, N] float32
-# softmax inputs: about 12 GiB at this size.
-CUDA_SETUP = Setup(
-    layers=4,
-    hidden=2048,
-    heads=16,
-    kv_heads=4,
-    intermediate=5632,
-    vocab=32000,
-    batch=8,
-    seq=2048,
-    dtype="bfloat16",
-)
-CPU_SETUP = Setup(
-    layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=128, batch=2, seq=16, dtype="float32"
-)
-
-
-def build_model(setup: Setup, device: str) -> transformers.PreTrainedModel:
+def build_model(model: cases.Model, device: str) -> transformers.PreTrainedModel:
     config = transformers.LlamaConfig(
-        vocab_size=setup.vocab,
-        hidden_size=setup.hidden,
-        intermediate_size=setup.intermediate,
-        num_hidden_layers=setup.layers,
-        num_attention_heads=setup.heads,
-        num_key_value_heads=setup.kv_heads,
-        max_position_embeddings=setup.seq,
+        vocab_size=model.vocab,
+        hidden_size=model.hidden,
+        intermediate_size=model.intermediate,
+        num_hidden_layers=model.layers,
+        num_attention_heads=model.heads,
+        num_key_value_heads=model.kv_heads,
+        max_position_embeddings=model.seq,
         pad_token_id=0,
     )
     torch.manual_seed(0)
-    model: torch.nn.Module = transformers.AutoModelForCausalLM.from_config(
-        config, dtype=getattr(torch, setup.dtype)
-    )
-    return cast(transformers.PreTrainedModel, model.to(device).train())
+    built = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, model.dtype))
+    return cast(transformers.PreTrainedModel, built.to(device).train())
 
 
-def padded_batch(setup: Setup, device: str) -> dict[str, torch.Tensor]:
-    """Left padding from none to a quarter of the sequence, a different amount per row."""
+def padded_batch(model: cases.Model, device: str) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(1, setup.vocab, (setup.batch, setup.seq), generator=gen)
+    ids = torch.randint(1, model.vocab, (model.batch, model.seq), generator=gen)
     mask = torch.ones_like(ids)
-    for row in range(setup.batch):
-        mask[row, : row * setup.seq // (4 * setup.batch)] = 0
+    for row in range(model.batch):
+        mask[row, : row * model.seq // (4 * model.batch)] = 0
     labels = ids.masked_fill(mask == 0, -100)
     return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "labels": labels.to(device)}
 
@@ -109,154 +68,100 @@ def _step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tenso
 def time_step(
     model: torch.nn.Module, batch: dict[str, torch.Tensor], device: str
 ) -> tuple[float, float, int | None]:
-    """(ms, loss, peak bytes) of one forward + backward step; no peak on CPU."""
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+    """(ms, loss, peak bytes) of one forward + backward step; no peak on a CPU."""
+    if device != "cuda":
+        began = time.perf_counter()
         loss = _step(model, batch)
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end), float(loss), torch.cuda.max_memory_allocated()
-    began = time.perf_counter()
+        return (time.perf_counter() - began) * 1e3, float(loss), None
+    torch.cuda.reset_peak_memory_stats()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
     loss = _step(model, batch)
-    return (time.perf_counter() - began) * 1e3, float(loss), None
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end), float(loss), torch.cuda.max_memory_allocated()
 
 
 def run(
-    setup: Setup, device: str, implementations: list[str], warmup: int, repeats: int
-) -> list[dict[str, Any]]:
+    report: dict[str, Any],
+    model: cases.Model,
+    device: str,
+    implementations: list[str],
+    warmup: int,
+    repeats: int,
+) -> None:
+    """Fill ``report["results"]`` round by round (a stopped run keeps the rounds it finished)."""
     neuralops_transformers.register()
-    model = build_model(setup, device)
-    batch = padded_batch(setup, device)
-    for name in implementations:
-        model.set_attn_implementation(name)
+    net, batch = build_model(model, device), padded_batch(model, device)
+    for i, name in enumerate(implementations, 1):
+        print(f"[warm-up {i}/{len(implementations)}] {name}", file=sys.stderr, flush=True)
+        net.set_attn_implementation(name)
         for _ in range(warmup):
-            _step(model, batch)
-    steps: dict[str, list[tuple[float, float, int | None]]] = {name: [] for name in implementations}
-    for _ in range(repeats):
+            _step(net, batch)
+    rows: dict[str, dict[str, Any]] = {
+        n: {"implementation": n, "step_ms": [], "peak_memory_bytes": None} for n in implementations
+    }
+    report["results"] = list(rows.values())
+    for round_ in range(repeats):
         for name in implementations:
-            model.set_attn_implementation(name)
-            steps[name].append(time_step(model, batch, device))
-    results: list[dict[str, Any]] = []
-    for name in implementations:
-        ms = [s[0] for s in steps[name]]
-        results.append(
-            {
-                "implementation": name,
-                "median_ms": statistics.median(ms),
-                "min_ms": min(ms),
-                "step_ms": ms,
-                "peak_memory_bytes": None if device != "cuda" else max(s[2] or 0 for s in steps[name]),
-                "loss": steps[name][-1][1],
-            }
+            net.set_attn_implementation(name)
+            ms, loss, peak = time_step(net, batch, device)
+            row = rows[name]
+            row["step_ms"].append(ms)
+            row.update(median_ms=statistics.median(row["step_ms"]), min_ms=min(row["step_ms"]), loss=loss)
+            if peak is not None:
+                row["peak_memory_bytes"] = max(row["peak_memory_bytes"] or 0, peak)
+        report["speedup"] = {
+            f"{ours} vs {stock}": rows[stock]["median_ms"] / rows[ours]["median_ms"]
+            for stock, ours in PAIRS
+            if stock in rows and ours in rows
+        }
+        print(
+            f"[round {round_ + 1}/{repeats}] "
+            + ", ".join(f"{n} {r['median_ms']:.2f} ms" for n, r in rows.items()),
+            file=sys.stderr,
+            flush=True,
         )
-    return results
 
 
-def speedups(results: list[dict[str, Any]]) -> dict[str, float]:
-    """Stock median / neuralops median, per pair whose both sides ran."""
-    median = {r["implementation"]: r["median_ms"] for r in results}
-    return {
-        f"{ours} vs {stock}": median[stock] / median[ours]
-        for stock, ours in PAIRS
-        if stock in median and ours in median
-    }
-
-
-def environment(device: str) -> dict[str, str]:
-    """The benchmark's machine information, as this report names it, with transformers' version."""
-    info = machine_info(device)
-    return {
-        "device": info.get("gpu", info["cpu"]),
-        "torch": info["torch"],
-        "cuda": str(torch.version.cuda),
-        "triton": info["triton"],
-        "transformers": transformers.__version__,
-        "neuralops_gqa": info["neuralops_gqa"],
-        "python": info["python"],
-    }
-
-
-IMPLEMENTATIONS = tuple(name for pair in PAIRS for name in pair)
-
-
-def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Setup]:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.e2e_transformers", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument(
-        "--device",
-        choices=("cuda", "cpu"),
-        default="cuda" if torch.cuda.is_available() else "cpu",
-        help="where to run (default: the GPU if there is one); CUDA picks the large model, a CPU the tiny one",
-    )
-    parser.add_argument("--out", type=Path, default=Path("bench_transformers.json"), help="JSON report path")
-    parser.add_argument("--warmup", type=cli.at_least(0), default=3, help="untimed steps per implementation")
-    parser.add_argument("--repeats", type=cli.at_least(1), default=10, help="timed steps per implementation")
-    parser.add_argument(
-        "--implementations",
-        type=cli.names(IMPLEMENTATIONS, "implementation"),
-        default=",".join(IMPLEMENTATIONS),
-        help=f"comma-separated attn_implementation names (from {', '.join(IMPLEMENTATIONS)})",
-    )
-    for field in ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "batch", "seq"):
-        parser.add_argument(
-            f"--{field.replace('_', '-')}",
-            type=cli.at_least(1),
-            help=f"override the device's default {field}",
-        )
-    parser.add_argument(
-        "--dtype",
-        type=cli.dtype_names(("bfloat16", "float16", "float32")),
-        help="override the device's default: bfloat16, float16 or float32 (or bf16, fp16, fp32)",
-    )
-    args = parser.parse_args(argv)
-    if args.dtype is not None:
-        if len(args.dtype) != 1:
-            parser.error(f"--dtype: give one dtype, got {', '.join(args.dtype)}")
-        args.dtype = args.dtype[0]
-    if args.out.is_dir():
-        parser.error(f"--out {args.out} is a folder; give the JSON file's path")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available here (use --device cpu)")
-    base = asdict(CUDA_SETUP if args.device == "cuda" else CPU_SETUP)
-    setup = Setup(**{k: v if getattr(args, k) is None else getattr(args, k) for k, v in base.items()})
-    if setup.heads % setup.kv_heads:
-        parser.error(f"--heads ({setup.heads}) must be a multiple of --kv-heads ({setup.kv_heads})")
-    if setup.hidden % setup.heads:
-        parser.error(f"--hidden ({setup.hidden}) must be a multiple of --heads ({setup.heads})")
-    return args, setup
+SIZES = [f.name for f in fields(cases.Model) if f.name != "dtype"]
+FLAGS: list[cli.Flag] = [
+    cli.DEVICE,
+    ("--model", tuple(cases.MODELS), None, "listed below (default: large on CUDA, tiny on a CPU)"),
+    ("--out", Path, Path("bench_transformers.json"), "the result file's path"),
+    ("--warmup", cli.at_least(0), 3, "untimed steps per implementation"),
+    ("--repeats", cli.at_least(1), 10, "timed steps per implementation"),
+    ("--implementations", cli.names(IMPLEMENTATIONS, "implementation"), ",".join(IMPLEMENTATIONS), "attn_implementation names"),
+    *((f"--{name.replace('_', '-')}", cli.at_least(1), None, f"override the model's {name}") for name in SIZES),
+    ("--dtype", cli.dtypes(cli.FLOAT_DTYPES), None, "override the model's dtype: " + cli.dtype_help(cli.FLOAT_DTYPES)),
+]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, setup = _parse(argv)
-    implementations = args.implementations
-    env = environment(args.device)
-    print(", ".join(f"{k} {v}" for k, v in env.items()))
-    print(f"Llama {setup}, left-padded batch, forward + backward")
-    results = run(setup, args.device, implementations, args.warmup, args.repeats)
-    for r in results:
-        peak = "" if r["peak_memory_bytes"] is None else f"peak {r['peak_memory_bytes'] / 2**30:6.2f} GiB  "
-        print(
-            f"  {r['implementation']:16s} {r['median_ms']:9.2f} ms/step (median of {len(r['step_ms'])})  "
-            f"{peak}loss {r['loss']:.6f}"
-        )
-    ratios = speedups(results)
-    for pair, ratio in ratios.items():
+    epilog = "models:\n" + "\n".join(f"  {n:<6} {m}" for n, m in cases.MODELS.items())
+    parser = cli.parser("python -m benchmarks.e2e_transformers", __doc__ or "", FLAGS, epilog)
+    args = parser.parse_args(argv)
+    if args.dtype is not None and len(args.dtype) != 1:
+        parser.error(f"--dtype: give one dtype, got {', '.join(args.dtype)}")
+    cli.check_out(parser, args.out, folder=False)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available here (use --device cpu)")
+    model = cases.MODELS[args.model or ("large" if args.device == "cuda" else "tiny")]
+    overrides = {f.name: getattr(args, f.name) for f in fields(model) if getattr(args, f.name) is not None}
+    model = replace(model, **{**overrides, **({"dtype": args.dtype[0]} if args.dtype else {})})
+    if model.heads % model.kv_heads:
+        parser.error(f"--heads ({model.heads}) must be a multiple of --kv-heads ({model.kv_heads})")
+    if model.hidden % model.heads:
+        parser.error(f"--hidden ({model.hidden}) must be a multiple of --heads ({model.heads})")
+    report = results.new("e2e", args.device, "benchmarks.e2e_transformers", argv)
+    report["machine"]["transformers"] = transformers.__version__
+    report.update(model=args.model, setup=asdict(model), padding=PADDING, step=STEP, results=[], speedup={})
+    report.update(warmup=args.warmup, repeats=args.repeats)
+    print(f"Llama {model}, left-padded batch, forward + backward", file=sys.stderr)
+    with results.saved(report, args.out):
+        run(report, model, args.device, args.implementations, args.warmup, args.repeats)
+    for pair, ratio in report["speedup"].items():
         print(f"  {pair}: {ratio:.3f}x")
-    report = {
-        "environment": env,
-        "setup": asdict(setup),
-        "padding": "left, row i padded by i * seq // (4 * batch) tokens",
-        "step": "forward + backward (loss over non-pad tokens), gradients set to None before each step",
-        "warmup": args.warmup,
-        "repeats": args.repeats,
-        "results": results,
-        "speedup": ratios,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
 
