@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
-import importlib.util
 import sys
+import threading
 import types
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -42,7 +42,7 @@ from neuralops_gqa.transforms import NAMES
 from neuralops_gqa.validation import check_inputs
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from torch.distributed.tensor import DTensor
 
@@ -55,7 +55,6 @@ _COMMUTING_REDUCE_OPS: dict[str, frozenset[str] | None] = {
     "gqa_reduce": frozenset({"sum", "avg"}),
 }
 
-_registered = False
 unavailable: str | None = None
 """Why DTensor inputs are refused on this torch, or None when they are supported."""
 
@@ -159,25 +158,63 @@ def _register_refusal(reason: str) -> None:
         pass
 
 
-class _RegisterOnImport(importlib.abc.MetaPathFinder):
-    """Runs ``register()`` right after ``torch.distributed.tensor`` is first imported: DTensor
-    costs about 0.4 s to import, which ``import neuralops_gqa`` shouldn't pay for a program
-    that never makes one, and no DTensor can exist before that module is imported."""
+class _RegisteringLoader(importlib.abc.Loader):
+    """``loader``, plus ``register()`` right after it has executed ``torch.distributed.tensor``.
 
-    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+    Only the spec that ``_RegisterOnImport`` returns holds it; the module gets its own loader
+    back before its code runs, so nothing that inspects the module sees this one.
+    """
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        if getattr(module, "__loader__", None) is self:
+            module.__loader__ = self.loader
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and spec.loader is self:
+            spec.loader = self.loader
+        self.loader.exec_module(module)
+        register()
+
+    def __getattr__(self, name: str) -> Any:  # get_source, is_package, resource readers, ...
+        return getattr(self.loader, name)
+
+
+class _RegisterOnImport(importlib.abc.MetaPathFinder):
+    """Has ``register()`` run whenever ``torch.distributed.tensor`` is executed: its first
+    import, a ``spec.loader.exec_module`` by hand, an ``importlib.reload``.
+
+    DTensor costs about half a second to import, which ``import neuralops_gqa`` shouldn't
+    pay for a program that never makes one, and no DTensor can exist before that module
+    has run. The finder stays on ``sys.meta_path`` and wraps the loader of every spec it
+    hands out, a fresh one per lookup: a caller that looks the module up and discards the
+    spec (``importlib.util.find_spec``, ``torch._logging.set_logs``) leaves the next import
+    covered. Every other module's lookup costs one string comparison.
+    """
+
+    def find_spec(
+        self, name: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if name != DTENSOR_MODULE:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_then_register(module: types.ModuleType) -> None:
-            exec_module(module)
-            register()
-
-        spec.loader.exec_module = exec_then_register  # type: ignore[method-assign]
+        # The spec the finders after this one find, as an import without it would get.
+        finders = sys.meta_path
+        later = finders[finders.index(self) + 1 :] if self in finders else finders
+        for finder in later:
+            find_spec = getattr(finder, "find_spec", None)
+            spec: importlib.machinery.ModuleSpec | None = (
+                None if find_spec is None else find_spec(name, path, target)
+            )
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _RegisteringLoader(spec.loader)
         return spec
 
 
@@ -185,39 +222,56 @@ DTENSOR_MODULE = "torch.distributed.tensor"
 
 
 def register_on_import() -> None:
-    """``register()`` now if DTensor is already imported, else as soon as it is."""
+    """``register()`` now if DTensor is already imported, and whenever its module runs again."""
+    if not any(isinstance(finder, _RegisterOnImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterOnImport())
     if DTENSOR_MODULE in sys.modules:
         register()
-    elif not any(isinstance(finder, _RegisterOnImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _RegisterOnImport())
+
+
+_lock = threading.RLock()  # reentrant: importing DTensor from register() runs register() again
+_registered_for: type | None = None
+"""The DTensor class the rule was registered for (or failed to be); a reload can make another."""
+
+
+def registered() -> bool:
+    """Whether DTensor calls of both ops reach ``_dtensor_rule`` (False before DTensor is imported)."""
+    dtensor = getattr(sys.modules.get(DTENSOR_MODULE), "DTensor", None)
+    return dtensor is not None and dtensor is _registered_for and unavailable is None
 
 
 def register() -> None:
-    """Route both ops on DTensors through ``_dtensor_rule`` (once; later calls do nothing).
+    """Route both ops on DTensors through ``_dtensor_rule`` (once per DTensor class; later calls
+    do nothing).
 
     Never raises: on a torch without the public extension point it warns once, and a
     DTensor call then raises an error that names what is missing. The same error, with
     another reason, stands behind the rule should a torch dispatch DTensors to sharding
     rules without consulting it.
     """
-    global _registered, unavailable
-    if _registered:
-        return
-    _registered = True
-    try:
-        from torch.distributed.tensor import DTensor
+    global _registered_for, unavailable
+    with _lock:
+        try:
+            from torch.distributed.tensor import DTensor
 
-        for name in _OPS:
-            torch.library.register_torch_dispatch(f"neuralops::{name}", DTensor, _dtensor_rule)
-    except Exception as exc:  # importing the package must not fail on a torch that moved
-        unavailable = (
-            f"registering a DTensor rule with torch.library.register_torch_dispatch failed ({exc!r})"
+            if DTensor is _registered_for:
+                return
+            _registered_for = DTensor
+            for name in _OPS:
+                torch.library.register_torch_dispatch(f"neuralops::{name}", DTensor, _dtensor_rule)
+        except Exception as exc:  # importing the package must not fail on a torch that moved
+            if unavailable is None:
+                unavailable = (
+                    f"registering a DTensor rule with torch.library.register_torch_dispatch failed ({exc!r})"
+                )
+                warnings.warn(
+                    f"neuralops_gqa: DTensor inputs will raise an error: {unavailable}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                _register_refusal(unavailable)
+            return
+        unavailable = None
+        _register_refusal(
+            "DTensor's dispatch did not call the rule registered with torch.library.register_torch_dispatch"
         )
-        warnings.warn(
-            f"neuralops_gqa: DTensor inputs will raise an error: {unavailable}", RuntimeWarning, stacklevel=2
-        )
-        _register_refusal(unavailable)
-        return
-    _register_refusal(
-        "DTensor's dispatch did not call the rule registered with torch.library.register_torch_dispatch"
-    )

@@ -21,9 +21,17 @@ WORKER = Path(__file__).with_name("distributed_worker.py")
 
 
 # NCCL on one rank runs the GPU code path (Triton kernels on each placement's local shard)
-# where a machine has a single GPU; on two ranks, the real thing.
+# where a machine has a single GPU; on two ranks, the real thing. On gloo the Triton kernels
+# run in the interpreter, whose calls take turns on a small CPU (four such ranks took most of
+# a minute on two cores): they run on 2 ranks, and the 4-rank placements (a 2 x 2 mesh) on
+# the reference, as the placement logic is the same code whichever kernel runs the local call.
 @pytest.mark.parametrize(
-    ("comm", "ranks"), [("gloo", 2), ("gloo", 4), ("nccl", 1), ("nccl", 2)], ids=lambda x: str(x)
+    ("backend", "comm", "ranks"),
+    [(backend, "gloo", 2) for backend in ("torch", "triton")]
+    + [("torch", "gloo", 4)]
+    + [(backend, "nccl", ranks) for ranks in (1, 2) for backend in ("torch", "triton")],
+    ids=lambda x: str(x),
+    indirect=["backend"],
 )
 def test_dtensor(backend: str, comm: str, ranks: int, tmp_path: Path) -> None:
     if not torch.distributed.is_available():
@@ -138,3 +146,70 @@ def test_docs_example(tmp_path: Path) -> None:
         )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     assert "output (2, 64, 512), k_proj gradient (Shard(dim=0),)" in result.stdout, result.stdout[-2000:]
+
+
+# What a program may do around the import of DTensor, each in a fresh process: the
+# package's DTensor rule must be in place whatever came first, however DTensor got looked
+# up or loaded. torch 2.13 refuses to reload torch.distributed.tensor alone (its print op
+# registers the DTensor class twice); reloading DTensor's class module first works for
+# calls of this package's ops, though DTensor loses its own aten rules there.
+_IMPORT_ORDERS = {
+    "dtensor-first": "import torch.distributed.tensor\nimport neuralops_gqa\n",
+    "dtensor-later": "import neuralops_gqa\nimport torch.distributed.tensor\n",
+    "looked-up": "import neuralops_gqa\nimportlib.util.find_spec(DTENSOR)\nimportlib.util.find_spec(DTENSOR)\n",
+    "logs-set": "import neuralops_gqa\ntorch._logging.set_logs(modules={DTENSOR: logging.INFO})\n",
+    "loaded-from-spec": (
+        "import neuralops_gqa\n"
+        "spec = importlib.util.find_spec(DTENSOR)\n"
+        "module = sys.modules[DTENSOR] = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(module)\n"
+        "assert module.__loader__ is module.__spec__.loader and 'neuralops' not in type(module.__loader__).__module__\n"
+    ),
+    "reloaded": (
+        "import neuralops_gqa\n"
+        "import torch.distributed.tensor, torch.distributed.tensor._api\n"
+        "old = torch.distributed.tensor.DTensor\n"
+        "importlib.reload(torch.distributed.tensor._api)\n"
+        "importlib.reload(torch.distributed.tensor)\n"
+        "assert torch.distributed.tensor.DTensor is not old\n"
+        "ONLY_THE_OPS = True\n"
+    ),
+}
+_CALL_ON_A_DTENSOR = """
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+dist.init_process_group("gloo", init_method="file://" + STORE, rank=0, world_size=1)
+mesh = dist.device_mesh.init_device_mesh("cpu", (1,))
+k = torch.randn(2, 2, 3, 4)
+for placement in (Replicate(), Shard(1)):
+    kd = distribute_tensor(k, mesh, [placement])
+    assert type(kd) is DTensor, (type(kd), DTensor)
+    ko, vo = torch.ops.neuralops.gqa_expand(kd, kd, 2, 4)
+    assert ko.placements == (placement,) and torch.equal(ko.to_local(), k.repeat_interleave(2, 1))
+    if not globals().get("ONLY_THE_OPS"):
+        assert torch.equal(neuralops_gqa.repeat_kv(kd, 3).full_tensor(), k.repeat_interleave(3, 1))
+dist.destroy_process_group()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("order", list(_IMPORT_ORDERS))
+def test_dtensor_rule_survives_import_order(order: str, tmp_path: Path) -> None:
+    if not torch.distributed.is_available():
+        pytest.skip("this torch build has no torch.distributed")
+    code = "\n".join(
+        [
+            "import importlib, importlib.util, logging, sys",
+            "import torch",
+            f"DTENSOR, STORE = 'torch.distributed.tensor', {str(tmp_path / 'store')!r}",
+            _IMPORT_ORDERS[order],
+            _CALL_ON_A_DTENSOR,
+        ]
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300, env=env
+    )
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), (
+        result.stdout[-2000:] + result.stderr[-4000:]
+    )

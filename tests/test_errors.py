@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable
 from typing import Any
@@ -338,7 +339,8 @@ def test_exported_program_with_dynamic_head_counts() -> None:
     guards on the program's inputs, which run before the op (docs/semantics.md). A count the
     divisibility guard refuses fails it with torch.export's AssertionError; zero KV heads make
     that guard itself divide by zero, before any check of ours can run (upstream: export
-    evaluates its guards before its range checks, whatever Dim(min=...) says)."""
+    evaluates its guards before its range checks, whatever Dim(min=...) says). Without the
+    guards (``module(check_guards=False)``) the op's own check raises its ValueError."""
 
     class Expand(torch.nn.Module):
         def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -352,6 +354,17 @@ def test_exported_program_with_dynamic_head_counts() -> None:
         program(q, _t(1, 3, 3, 4))
     with pytest.raises(ZeroDivisionError):
         program(q, _t(1, 0, 3, 4))
+    # Without the guards, the op's own check answers.
+    exported = torch.export.export(Expand(), (q, k), dynamic_shapes=dims)
+    if "check_guards" not in inspect.signature(exported.module).parameters:
+        pytest.skip(f"torch {torch.__version__}'s ExportedProgram.module has no check_guards")
+    unchecked = exported.module(check_guards=False)
+    with pytest.raises(
+        ValueError, match=r"gqa_expand: num_heads \(8\) must be a multiple of num_kv_heads \(3\)"
+    ):
+        unchecked(q, _t(1, 3, 3, 4))
+    with pytest.raises(ValueError, match="gqa_expand: num_kv_heads must be positive, got 0"):
+        unchecked(q, _t(1, 0, 3, 4))
 
 
 def test_repeat_kv_refuses_a_bad_backend_on_every_route(monkeypatch: pytest.MonkeyPatch) -> None:
