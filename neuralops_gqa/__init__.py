@@ -15,6 +15,6 @@ if torch.distributed.is_available():
 
     distributed.register_on_import()
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one home of the version: pyproject.toml reads it from here
 
 __all__ = ["__version__", "aten_decompositions", "gqa_expand", "ops", "repeat_kv"]

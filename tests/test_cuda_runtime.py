@@ -39,6 +39,8 @@ def test_launches_on_the_current_stream(backend: str) -> None:
     torch.cuda.synchronize()
     assert_bitwise_equal(k_out, expand_oracle(new_k, 4))
     assert_bitwise_equal(v_out, expand_oracle(new_v, 4))
+    # Exact although a sum is not a product: 2x, 3x and 4x of a bfloat16 or float16 value are
+    # exact in the float32 accumulator, and 4x is exact in the dtype.
     torch.testing.assert_close(g_k, 4 * new_k, rtol=0, atol=0)
     torch.testing.assert_close(g_v, 4 * new_v, rtol=0, atol=0)
 
@@ -54,6 +56,7 @@ def test_no_host_synchronization(backend: str) -> None:
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert k.grad is not None
+    # Two rounds of four copies' gradients of ones: small integers, exact in any order.
     torch.testing.assert_close(k.grad, torch.full_like(k, 8.0), rtol=0, atol=0)
 
 
@@ -112,6 +115,7 @@ def test_threads_each_on_its_own_stream(backend: str) -> None:
             stream.synchronize()
             assert_bitwise_equal(k_out, expand_oracle(k, 4))
             assert_bitwise_equal(v_out, expand_oracle(v, 4))
+            # Exact: the sum of four equal copies (see test_launches_on_the_current_stream).
             torch.testing.assert_close(g_k, 4 * k, rtol=0, atol=0)
             torch.testing.assert_close(g_v, 4 * v, rtol=0, atol=0)
 

@@ -13,15 +13,24 @@ from helpers import Expand, GQAttention
 from neuralops_gqa.selfcheck import hf_repeat_kv
 
 
-def _pair(repeat_kv: Callable[[Tensor, int], Tensor]) -> Expand:
-    return lambda k, v, kv_heads, heads: (repeat_kv(k, heads // kv_heads), repeat_kv(v, heads // kv_heads))
+def _pair(repeat_kv: Callable[[Tensor, int], Tensor], strides: list[tuple[int, ...]]) -> Expand:
+    """``repeat_kv`` on k and v as a block's expansion, recording the strides it returns."""
+
+    def expand(k: Tensor, v: Tensor, kv_heads: int, heads: int) -> tuple[Tensor, Tensor]:
+        k, v = repeat_kv(k, heads // kv_heads), repeat_kv(v, heads // kv_heads)
+        strides.extend((k.stride(), v.stride()))
+        return k, v
+
+    return expand
 
 
 @pytest.mark.parametrize(("heads", "kv_heads"), [(8, 2), (8, 1), (4, 4)], ids=["gqa", "mqa", "mha"])
 def test_swapped_repeat_kv_matches(backend: str, device: str, heads: int, kv_heads: int) -> None:
     torch.manual_seed(0)
-    ref = GQAttention(64, heads, kv_heads, _pair(hf_repeat_kv)).to(device)
-    ours = GQAttention(64, heads, kv_heads, _pair(neuralops_gqa.repeat_kv)).to(device)
+    ref_strides: list[tuple[int, ...]] = []
+    our_strides: list[tuple[int, ...]] = []
+    ref = GQAttention(64, heads, kv_heads, _pair(hf_repeat_kv, ref_strides)).to(device)
+    ours = GQAttention(64, heads, kv_heads, _pair(neuralops_gqa.repeat_kv, our_strides)).to(device)
     ours.load_state_dict(ref.state_dict())
     x = torch.randn(2, 11, 64, device=device)
     # A causal mask with left padding on the first sequence.
@@ -30,7 +39,10 @@ def test_swapped_repeat_kv_matches(backend: str, device: str, heads: int, kv_hea
     mask[0, :, :3, :3] = torch.eye(3, device=device).log()
     x_ref, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
     out_ref, out_ours = ref(x_ref, mask), ours(x_ours, mask)
-    # An exact copy, or (one KV head) the same broadcast view: the same arithmetic downstream.
+    # An exact copy in repeat_kv's layout, or (one KV head) the same broadcast view: the same
+    # values with the same strides reach the same matmul, so the outputs are equal bit for bit
+    # (a view and a copy of it may not be: matmul rounds them differently on some CPUs).
+    assert our_strides == ref_strides and len(ref_strides) == 2
     torch.testing.assert_close(out_ours, out_ref, rtol=0, atol=0)
     grad = torch.randn_like(out_ref)
     out_ref.backward(grad)

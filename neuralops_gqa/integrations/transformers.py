@@ -23,8 +23,10 @@ that reports one KV group, so the function's own ``repeat_kv`` has nothing left 
 The expansion is an exact copy, so the attention sees the bits ``repeat_kv`` would give
 it: outputs equal the stock implementations' for every model family, whatever its eager
 attention computes; gradients differ at most by the float32 rounding of the group sum
-(``docs/usage/transformers.md``). Where stock makes no copy our op runs neither: SDPA's
-``enable_gqa``, a single decoding query, and one KV head read by SDPA (a broadcast view).
+(``docs/usage/transformers.md``). Where stock makes no copy of its own our op runs neither:
+SDPA's ``enable_gqa``, a single decoding query, and one KV head, whose broadcast view
+(stride 0 over the heads) reaches the attention as stock hands it, so its bits are stock's
+on any machine.
 """
 
 from __future__ import annotations
@@ -201,9 +203,11 @@ def eager_attention_forward(
     Every argument goes to that function unchanged (``scaling``, ``dropout``, ``softcap``,
     sliding windows, sinks, ...), so the results are the stock ones bit for bit. The op
     expands wherever the stock function's ``repeat_kv`` would copy: every layer with more
-    query than KV heads, except one KV head with a batch of one, where ``repeat_kv``'s
-    broadcast view reaches ``torch.matmul`` as a batch of stride 0 and nothing is copied.
-    A layer whose eager attention cannot be found raises ``NotImplementedError``.
+    than one KV head and more query than KV heads. With one KV head ``repeat_kv`` returns a
+    broadcast view (stride 0 over the heads) and nothing is expanded here either: the
+    layer's own ``repeat_kv`` makes that view and ``torch.matmul`` gets it as in stock,
+    because ``matmul`` of the view and of a contiguous copy may round differently on some
+    CPUs. A layer whose eager attention cannot be found raises ``NotImplementedError``.
 
     Args:
         module: the attention layer; ``num_key_value_groups`` is read, the rest by its own
@@ -221,7 +225,8 @@ def eager_attention_forward(
     own = _EAGER[type(module)]
     groups = cast(int, getattr(module, "num_key_value_groups", 1))
     kv_heads = key.shape[1]
-    if groups > 1 and not (kv_heads == 1 and key.shape[0] == 1):
+    # One KV head: the layer's repeat_kv makes stock's broadcast view (see the docstring).
+    if groups > 1 and kv_heads > 1:
         key, value = gqa_expand(key, value, kv_heads, kv_heads * groups)
         module = _OneKVGroup(module)  # type: ignore[assignment]
     return cast("tuple[Tensor, Tensor]", own(module, query, key, value, attention_mask, **kwargs))
