@@ -59,7 +59,7 @@ def reduce_reference(grad: Tensor, num_kv_heads: int) -> Tensor:
     """
     batch, heads, seq, dim = grad.shape
     n_rep = heads // num_kv_heads
-    group = grad.unflatten(1, (num_kv_heads, n_rep))
+    group = grad.view(batch, num_kv_heads, n_rep, seq, dim)  # splitting one dim: a view whatever the strides
     acc_dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32
     acc = torch.zeros((batch, num_kv_heads, seq, dim), dtype=acc_dtype, device=grad.device)
     for r in range(n_rep):

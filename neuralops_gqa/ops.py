@@ -121,14 +121,13 @@ always new tensors, also when ``n_rep == 1`` (a registered op may not return its
 The backward is [`gqa_reduce`][neuralops_gqa.ops.gqa_reduce].
 
 Args:
-    k: ``[B, H_kv, N, D_k]``, any strides, any real dtype.
-    v: ``[B, H_kv, N, D_v]``, any strides; dtype and ``D_v`` may differ from k's.
-    num_kv_heads: ``H_kv``, positive, equal to ``k.shape[1]``.
-    num_heads: a positive multiple of ``num_kv_heads``.
+    k (Tensor): ``[B, H_kv, N, D_k]``, any strides, any real dtype.
+    v (Tensor): ``[B, H_kv, N, D_v]``, any strides; dtype and ``D_v`` may differ from k's.
+    num_kv_heads (int): ``H_kv``, positive, equal to ``k.shape[1]``.
+    num_heads (int): a positive multiple of ``num_kv_heads``.
 
-Returns:
-    ``(k_expanded, v_expanded)``: contiguous ``[B, num_heads, N, D_k]`` and
-    ``[B, num_heads, N, D_v]``, the inputs' dtypes, bit-exact copies.
+Returns ``(k_expanded, v_expanded)``: contiguous ``[B, num_heads, N, D_k]`` and
+``[B, num_heads, N, D_v]`` tensors of the inputs' dtypes, bit-exact copies.
 
 Raises:
     ValueError: bad shapes, head counts or dtypes (see
@@ -164,14 +163,13 @@ accumulated in float32 (float64 for float64) in that order, without atomics, so 
 result is deterministic, and rounded once to the gradient's dtype.
 
 Args:
-    grad_k: ``[B, num_heads, N, D_k]``, any strides; float16, bfloat16, float32 or float64.
-    grad_v: ``[B, num_heads, N, D_v]``, any strides; dtype and ``D_v`` may differ from grad_k's.
-    num_kv_heads: the result's heads, positive.
-    num_heads: a positive multiple of ``num_kv_heads``, equal to ``grad_k.shape[1]``.
+    grad_k (Tensor): ``[B, num_heads, N, D_k]``, any strides; float16, bfloat16, float32 or float64.
+    grad_v (Tensor): ``[B, num_heads, N, D_v]``, any strides; dtype and ``D_v`` may differ from grad_k's.
+    num_kv_heads (int): the result's heads, positive.
+    num_heads (int): a positive multiple of ``num_kv_heads``, equal to ``grad_k.shape[1]``.
 
-Returns:
-    ``(grad_k_reduced, grad_v_reduced)``: contiguous ``[B, num_kv_heads, N, D_k]`` and
-    ``[B, num_kv_heads, N, D_v]`` in the gradients' dtypes.
+Returns ``(grad_k_reduced, grad_v_reduced)``: contiguous ``[B, num_kv_heads, N, D_k]`` and
+``[B, num_kv_heads, N, D_v]`` tensors of the gradients' dtypes.
 
 Raises:
     ValueError: bad shapes, head counts or dtypes.
