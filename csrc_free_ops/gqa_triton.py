@@ -566,13 +566,9 @@ class Launch:
             self._runs[(tensors[0].data_ptr() % 16 == 0, tensors[1].data_ptr() % 16 == 0)] = run
 
 
-def _zero_width(shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Shape and strides of the absent second tensor: no elements, so no programs."""
-    return (shape[0], shape[1], shape[2], 0), (0, 0, 0, 1)
-
-
 @functools.lru_cache(maxsize=1024)
-def _cached_expand_launch(
+def _cached_launch(
+    expand: bool,
     k_shape: tuple[int, ...],
     k_stride: tuple[int, ...],
     k_dtype: torch.dtype,
@@ -583,57 +579,37 @@ def _cached_expand_launch(
     device: torch.device,
     settings: LaunchSettings,
 ) -> Launch:
+    """The expansion's (``expand``) or the reduction's launch for one layout; ``v_shape`` None: k alone."""
     if v_shape is None or v_stride is None or v_dtype is None:
-        (v_shape, v_stride), v_dtype = _zero_width(k_shape), k_dtype
-    plan = _expand_plan(k_shape, k_stride, k_dtype.itemsize, v_shape, v_stride, v_dtype.itemsize,
-                            n_rep, _device_props(device), settings)  # fmt: skip
-    batch, heads, seq = k_shape[0], k_shape[1] * n_rep, k_shape[2]
-    shapes = ((batch, heads, seq, k_shape[3]), (batch, heads, seq, v_shape[3]))
-    return Launch(expand_fwd_kernel, plan, shapes, device)
+        # The absent second tensor has no elements, so its branch gets no programs.
+        v_shape, v_stride, v_dtype = (k_shape[0], k_shape[1], k_shape[2], 0), (0, 0, 0, 1), k_dtype
+    props = _device_props(device)
+    if expand:
+        kernel, heads = expand_fwd_kernel, k_shape[1] * n_rep
+        plan = _expand_plan(k_shape, k_stride, k_dtype.itemsize, v_shape, v_stride, v_dtype.itemsize, n_rep,
+                            props, settings)  # fmt: skip
+    else:
+        kernel, heads = reduce_bwd_kernel, k_shape[1] // n_rep
+        plan = _reduce_plan(k_shape, k_stride, k_dtype, v_shape, v_stride, v_dtype, n_rep, props, settings)
+    shapes = ((k_shape[0], heads, k_shape[2], k_shape[3]), (k_shape[0], heads, k_shape[2], v_shape[3]))
+    return Launch(kernel, plan, shapes, device)
 
 
-@functools.lru_cache(maxsize=1024)
-def _cached_reduce_launch(
-    k_shape: tuple[int, ...],
-    k_stride: tuple[int, ...],
-    k_dtype: torch.dtype,
-    v_shape: tuple[int, ...] | None,
-    v_stride: tuple[int, ...] | None,
-    v_dtype: torch.dtype | None,
-    n_rep: int,
-    device: torch.device,
-    settings: LaunchSettings,
-) -> Launch:
-    if v_shape is None or v_stride is None or v_dtype is None:
-        (v_shape, v_stride), v_dtype = _zero_width(k_shape), k_dtype
-    plan = _reduce_plan(k_shape, k_stride, k_dtype, v_shape, v_stride, v_dtype, n_rep,
-                            _device_props(device), settings)  # fmt: skip
-    batch, heads, seq = k_shape[0], k_shape[1] // n_rep, k_shape[2]
-    shapes = ((batch, heads, seq, k_shape[3]), (batch, heads, seq, v_shape[3]))
-    return Launch(reduce_bwd_kernel, plan, shapes, device)
+def _launch_for(expand: bool, k: Tensor, v: Tensor | None, n_rep: int, settings: LaunchSettings) -> Launch:
+    v_layout = (None, None, None) if v is None else (v.shape, v.stride(), v.dtype)
+    return _cached_launch(expand, k.shape, k.stride(), k.dtype, *v_layout, n_rep, k.device, settings)
 
 
 def expand_launch(k: Tensor, v: Tensor | None, n_rep: int, settings: LaunchSettings = DEFAULT) -> Launch:
     """The eager launch that expands tensors laid out like ``k`` and ``v`` (``v`` None: k alone)."""
-    if v is None:
-        return _cached_expand_launch(
-            k.shape, k.stride(), k.dtype, None, None, None, n_rep, k.device, settings
-        )
-    return _cached_expand_launch(k.shape, k.stride(), k.dtype, v.shape, v.stride(), v.dtype, n_rep, k.device,
-                                 settings)  # fmt: skip
+    return _launch_for(True, k, v, n_rep, settings)
 
 
 def reduce_launch(
     grad_k: Tensor, grad_v: Tensor | None, n_rep: int, settings: LaunchSettings = DEFAULT
 ) -> Launch:
     """The eager launch that reduces gradients laid out like ``grad_k`` and ``grad_v`` (``grad_v`` None: grad_k alone)."""
-    k, v = grad_k, grad_v
-    if v is None:
-        return _cached_reduce_launch(
-            k.shape, k.stride(), k.dtype, None, None, None, n_rep, k.device, settings
-        )
-    return _cached_reduce_launch(k.shape, k.stride(), k.dtype, v.shape, v.stride(), v.dtype, n_rep, k.device,
-                                 settings)  # fmt: skip
+    return _launch_for(False, grad_k, grad_v, n_rep, settings)
 
 
 def _traced_alloc(x: Tensor, heads: int) -> tuple[Tensor, Tensor]:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 # torch 2.11's AOTInductor loader crashed the loading process (SIGSEGV) on the H200 image
@@ -203,3 +204,16 @@ def in_threads(work: Callable[[int], None], count: int) -> None:
     for thread in threads:
         thread.join()
     assert not errors, errors[:3]
+
+
+class RecordingMode(TorchDispatchMode):
+    """A dispatch mode that lets every op through and records which ran (under it, every
+    call of the ops takes the registered op's route)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))

@@ -6,25 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from csrc_free_ops import private_internals
-from helpers import assert_bitwise_equal, expand_oracle, make_tensor, reduce_oracle
-
-
-class _Recorder(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        self.seen.append(str(func))
-        return func(*args, **(kwargs or {}))
+from helpers import RecordingMode, assert_bitwise_equal, expand_oracle, make_tensor, reduce_oracle
 
 
 def test_dispatch_mode_sees_the_op(backend: str, device: str) -> None:
     k = make_tensor((2, 2, 3, 4), torch.float32, "contiguous", device)
-    with _Recorder() as rec:
+    with RecordingMode() as rec:
         k_out, _ = torch.ops.neuralops.gqa_expand(k, k, 2, 4)
     assert "neuralops.gqa_expand.default" in rec.seen
     assert_bitwise_equal(k_out, expand_oracle(k, 2))

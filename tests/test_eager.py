@@ -11,12 +11,11 @@ from contextlib import contextmanager
 import pytest
 import torch
 from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import csrc_free_ops
 import neuralops_gqa
 from csrc_free_ops import private_internals
-from helpers import assert_bitwise_equal, expand_oracle, make_tensor
+from helpers import RecordingMode, assert_bitwise_equal, expand_oracle, make_tensor
 
 needs_internals = pytest.mark.skipif(
     not private_internals.ENABLED,
@@ -24,23 +23,10 @@ needs_internals = pytest.mark.skipif(
 )
 
 
-class _SeenOps(TorchDispatchMode):
-    """A dispatch mode that lets every op through and records which ran: under it, every call
-    takes the registered op's route."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        self.seen.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 def _both_routes(fn: Callable[[], object]) -> tuple[object, object]:
     """``fn()`` on the plain route, then on the registered route (a dispatch mode forces it)."""
     plain = fn()
-    with _SeenOps():
+    with RecordingMode():
         registered = fn()
     return plain, registered
 
@@ -105,7 +91,7 @@ def test_results_can_be_modified_in_place(backend: str, device: str, route: str,
             k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), 2, 6
         )[0],
     }
-    mode = _SeenOps() if route == "registered" else None
+    mode = RecordingMode() if route == "registered" else None
     if mode is not None:
         mode.__enter__()
     try:
@@ -124,7 +110,7 @@ def test_results_can_be_modified_in_place(backend: str, device: str, route: str,
 def test_modes_profilers_and_traces_see_the_op(device: str) -> None:
     """Where something watches, the Python entry points call the registered op."""
     k = make_tensor((1, 2, 3, 4), torch.float32, "contiguous", device)
-    with _SeenOps() as mode:
+    with RecordingMode() as mode:
         neuralops_gqa.gqa_expand(k, k, 2, 4)
         neuralops_gqa.repeat_kv(k, 2)
     assert mode.seen.count("neuralops.gqa_expand.default") == 2
