@@ -29,11 +29,17 @@ def expand_reference(x: Tensor, n_rep: int) -> Tensor:
     and each output element written once.
     """
     batch, kv_heads, seq, dim = x.shape
-    out = x.new_empty((batch, kv_heads * n_rep, seq, dim))
-    src, dst = (x.view(torch.uint8), out.view(torch.uint8)) if x.dtype in _SHELL_DTYPES else (x, out)
-    dst.view(batch, kv_heads, n_rep, seq, dim).copy_(
-        src.unsqueeze(2).expand(batch, kv_heads, n_rep, seq, dim)
-    )
+    if x.dtype in _SHELL_DTYPES:  # ATen copies them as bytes only
+        out = x.new_empty((batch, kv_heads * n_rep, seq, dim))
+        grouped = x.view(torch.uint8).unsqueeze(2).expand(batch, kv_heads, n_rep, seq, dim)
+        out.view(torch.uint8).view(batch, kv_heads, n_rep, seq, dim).copy_(grouped)
+        return out
+    # reshape copies the broadcast into a tensor of its own (no view) in ATen's fast copy
+    # kernel; where the broadcast is already laid out as the result (n_rep == 1, one KV
+    # head, heads of stride 0) it returns a view of x instead, which is copied.
+    out = x.unsqueeze(2).expand(batch, kv_heads, n_rep, seq, dim).reshape(batch, kv_heads * n_rep, seq, dim)
+    if out is x or out._base is not None:
+        out = out.clone(memory_format=torch.contiguous_format)
     return out
 
 

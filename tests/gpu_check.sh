@@ -41,7 +41,7 @@ for stage in "$@"; do
         for private in 1 0; do
             NEURALOPS_GQA_PRIVATE_INTERNALS=$private python -m benchmarks.bench --parts host \
                 --shapes small --out "$out/host-private-$private" >"$out/host-private-$private.log" 2>&1 || status=1
-            grep -iE "neuralops|hf_eager|launcher" "$out/host-private-$private.log" | head -8
+            grep -iE "neuralops_gqa|repeat_kv|floor" "$out/host-private-$private.log" | head -8
         done
         ;;
     *)
