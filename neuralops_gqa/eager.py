@@ -48,10 +48,10 @@ _internals = private_internals.autograd_internals()
 class _Entry:
     """What the calls of one argument layout share: the checked head counts and the launch."""
 
-    __slots__ = ("kind", "num_heads", "num_kv_heads", "run")
+    __slots__ = ("num_heads", "num_kv_heads", "run")
 
-    def __init__(self, kind: str, run: Run, num_kv_heads: int, num_heads: int) -> None:
-        self.kind, self.run, self.num_kv_heads, self.num_heads = kind, run, num_kv_heads, num_heads
+    def __init__(self, run: Run, num_kv_heads: int, num_heads: int) -> None:
+        self.run, self.num_kv_heads, self.num_heads = run, num_kv_heads, num_heads
 
 
 def _reference_run(op: str, num_kv_heads: int, num_heads: int) -> Run:
@@ -86,14 +86,14 @@ def _new_entry(
     n_rep = num_heads // num_kv_heads
     if not copies:
         backend()  # a bad NEURALOPS_GQA_BACKEND fails every call, these too
-        return _Entry(op, _no_copy, num_kv_heads, num_heads)
+        return _Entry(_no_copy, num_kv_heads, num_heads)
     if use_triton(a):
         kernels = triton_kernels()
         launch = kernels.expand_launch if op == "gqa_expand" else kernels.reduce_launch
         run: Run = launch(a, b, n_rep)
     else:
         run = _reference_run(op, num_kv_heads, num_heads)
-    return _Entry(op, run, num_kv_heads, num_heads)
+    return _Entry(run, num_kv_heads, num_heads)
 
 
 _ENTRIES: dict[tuple[object, ...], _Entry] = {}
