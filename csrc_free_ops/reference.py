@@ -36,9 +36,10 @@ def expand_reference(x: Tensor, n_rep: int) -> Tensor:
         return out
     # reshape copies the broadcast into a tensor of its own (no view) in ATen's fast copy
     # kernel; where the broadcast is already laid out as the result (n_rep == 1, one KV
-    # head, heads of stride 0) it returns a view of x instead, which is copied.
+    # head, heads of stride 0, no elements) it returns x's memory instead, which is copied.
+    # Storage, not ``_base``: below autograd (the registered op's kernel) views aren't marked.
     out = x.unsqueeze(2).expand(batch, kv_heads, n_rep, seq, dim).reshape(batch, kv_heads * n_rep, seq, dim)
-    if out is x or out._base is not None:
+    if out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
         out = out.clone(memory_format=torch.contiguous_format)
     return out
 
