@@ -5,8 +5,10 @@ and the switch that turns every private internal of the project off.
   ``.packed_metadata``, ``JITFunction.arg_names``, ``triton.knobs.runtime`` launch hooks) and
   ``torch._C._cuda_getCurrentRawStream``: after a plan's first launch, later launches call
   the compiled handle directly instead of ``kernel[grid](...)``, whose per-call argument
-  binding is most of a small call's host time. Probed once per process by launching a tiny
-  kernel through the handle and reading its result back.
+  binding is most of a small call's host time; where the handle is Triton's per-signature
+  launcher (``.launch``, ``.launch_cooperative_grid``, ``.launch_pdl``, its scratch sizes),
+  the C function under it, without the handle's Python frame. Probed once per process by
+  launching a tiny kernel the same way and reading its result back.
 
 The internals the ops' registration uses (the dispatcher, ``torch.func``, the compilers'
 tables) are the op package's, in ``neuralops_gqa/private_internals.py``; this package knows
@@ -19,6 +21,7 @@ an internal moved.
 
 from __future__ import annotations
 
+import inspect
 import os
 import warnings
 from collections.abc import Callable
@@ -60,6 +63,20 @@ def _launch_hooks_set() -> bool:
     return bool(runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls)
 
 
+def _per_kernel_launch(run: Any) -> Callable[..., Any] | None:
+    """The C function under Triton's launcher object ``run``, where it is the per-signature
+    kind built for each kernel (its ``__call__(gridX, gridY, gridZ, stream, function, *args)``
+    only adds the scratch buffers, and this kernel needs none): calling it directly saves
+    that Python frame. None for any other launcher (then the object itself is called)."""
+    params = list(inspect.signature(type(run).__call__).parameters)
+    if params != ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"]:
+        return None
+    if run.global_scratch_size or run.profile_scratch_size:
+        return None
+    launch: Callable[..., Any] = run.launch
+    return launch
+
+
 def _handle_launcher(
     kernel: Any, compiled: Any, meta: dict[str, object], grid0: int, args: tuple[int, ...], index: int
 ) -> Callable[..., bool]:
@@ -67,20 +84,32 @@ def _handle_launcher(
     ``index``'s current stream (one Python frame per launch: this is the hot path)."""
     import triton
 
-    handle, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+    run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
     # Triton's compiled handle takes every kernel parameter in declaration order: the
     # pointers and the other runtime ones, then the constexprs (the kernels declare theirs last).
     tail = (*args, *(meta[name] for name in kernel.arg_names if name in meta))
     current_stream, get_device = torch._C._cuda_getCurrentRawStream, torch._C._cuda_getDevice
     runtime = triton.knobs.runtime
+    c_launch = _per_kernel_launch(run)
+    if c_launch is not None:
+        # The per-kernel C launcher's own arguments: cooperative grid, PDL, no scratch buffers.
+        head = (run.launch_cooperative_grid, run.launch_pdl, None, None, metadata, None, None, None)
 
-    def launch(*pointers: int) -> bool:
+        def launch(*pointers: int) -> bool:
+            if index != get_device() or runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls:
+                return False
+            c_launch(grid0, 1, 1, current_stream(index), function, *head, *pointers, *tail)
+            return True
+
+        return launch
+
+    def launch_through_handle(*pointers: int) -> bool:
         if index != get_device() or runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls:
             return False
-        handle(grid0, 1, 1, current_stream(index), function, metadata, None, None, None, *pointers, *tail)
+        run(grid0, 1, 1, current_stream(index), function, metadata, None, None, None, *pointers, *tail)
         return True
 
-    return launch
+    return launch_through_handle
 
 
 def _probe_launch(probe_kernel: Any, index: int) -> bool:
@@ -120,7 +149,7 @@ def direct_launcher(
         return None
     try:
         return _handle_launcher(kernel, compiled, meta, grid0, args, index)
-    except (AttributeError, KeyError) as e:
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
         _launch_probe_result = False
         disable("launching Triton's compiled kernel handle directly", e)
         return None

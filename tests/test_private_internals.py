@@ -93,3 +93,33 @@ def test_fast_path_is_taken_for_plain_tensors(monkeypatch: pytest.MonkeyPatch) -
     out, _ = torch.ops.neuralops.gqa_expand(k, k, 2, 4)
     assert_bitwise_equal(out, expand_oracle(k, 2))
     assert entered == []
+
+
+class _Launcher:
+    """Stands in for Triton's launcher object: a ``__call__`` and the C function under it."""
+
+    global_scratch_size = profile_scratch_size = 0
+
+    def launch(self, *args: object) -> None: ...
+
+
+class _PerKernel(_Launcher):
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):  # type: ignore[no-untyped-def]
+        ...
+
+
+class _Generic(_Launcher):
+    def __call__(self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata,  # type: ignore[no-untyped-def]
+                 launch_enter_hook, launch_exit_hook, *args):  # fmt: skip
+        ...
+
+
+def test_the_c_launch_is_used_only_where_the_launcher_is_known() -> None:
+    """Only Triton's per-signature launcher, with no scratch buffers, is bypassed; any other
+    launcher (another Triton's) keeps its own ``__call__``."""
+    per_kernel = _PerKernel()
+    assert private_internals._per_kernel_launch(per_kernel) == per_kernel.launch
+    assert private_internals._per_kernel_launch(_Generic()) is None
+    scratch = _PerKernel()
+    scratch.global_scratch_size = 128
+    assert private_internals._per_kernel_launch(scratch) is None
