@@ -24,7 +24,6 @@ every call takes the registered op with custom_op's own autograd.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -97,6 +96,7 @@ def _new_entry(
 
 
 _ENTRIES: dict[tuple[object, ...], _Entry] = {}
+_backend_variable = private_internals.environment_reader(BACKEND_ENV)
 _MAX_ENTRIES = 4096
 
 
@@ -105,7 +105,7 @@ def _entry(
 ) -> _Entry:
     """The entry of this call's layout, checked and made on its first call."""
     # The backend variable is part of the key: a new value takes effect on the next call.
-    variable = os.environ.get(BACKEND_ENV)
+    variable = _backend_variable()
     if b is None:
         key: tuple[object, ...] = (op, a.shape, a.stride(), a.dtype, a.get_device(), num_kv_heads, num_heads,
                                    variable, copies)  # fmt: skip

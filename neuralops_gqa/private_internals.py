@@ -1,4 +1,4 @@
-"""The private PyTorch internals the ops' registration uses, each behind a probe.
+"""The private PyTorch (and one Python) internals the ops' registration uses, each behind a probe.
 
 What they buy:
 
@@ -14,6 +14,9 @@ What they buy:
   kernels each op launches (``torch._library.triton.triton_ops_to_kernels``), which keys its
   cache of compiled graphs.
 - **The jagged nested tensor class**, so those get a clear error.
+- **Python's own table of the environment** (``os.environ._data``): the eager path reads
+  ``NEURALOPS_GQA_BACKEND`` on every call, and a dict lookup costs a tenth of
+  ``os.environ.get`` of an unset name.
 
 The kernels' own internals (Triton's compiled-kernel launcher) are in
 ``csrc_free_ops/private_internals.py``, with the switch both modules obey:
@@ -23,6 +26,8 @@ its own part off with one warning; importing never fails because an internal mov
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -34,6 +39,7 @@ __all__ = [
     "AutogradInternals",
     "autograd_internals",
     "compiler_decomposition",
+    "environment_reader",
     "jagged_tensor_class",
     "record_triton_kernels",
     "symbolic_example_value",
@@ -200,6 +206,40 @@ def record_triton_kernels(op_names: tuple[str, ...], kernels: list[Any]) -> None
             library_triton.triton_ops_to_kernels[name] = kernels
     except Exception as e:
         disable("keying the cache of compiled graphs on the kernels' source", e)
+
+
+# --- Python: reading an environment variable on every call ----------------------------
+
+
+def environment_reader(name: str) -> Callable[[], object]:
+    """A function of no arguments whose result changes exactly when ``os.environ[name]`` does
+    (None while unset): what identifies the variable's value, for a cache key read on every
+    call. It looks the name up in ``os.environ``'s own table (``os.environ._data``, keyed and
+    valued as the platform encodes them), one dict lookup, where ``os.environ.get`` of an
+    unset name raises and catches a ``KeyError`` (about 0.6 us a read). Where the switch or
+    the probe says no: ``os.environ.get``."""
+    public: Callable[[], object] = functools.partial(os.environ.get, name)
+    if not ENABLED:
+        return public
+    try:
+        table, encode = os.environ._data, os.environ.encodekey  # type: ignore[attr-defined]
+        if type(table) is not dict:
+            raise TypeError("os.environ's table is no longer a dict")
+        reader: Callable[[], object] = functools.partial(table.get, encode(name))
+        probe = f"NEURALOPS_GQA_ENVIRONMENT_PROBE_{os.getpid()}"
+        seen = []
+        os.environ[probe] = "1"
+        try:
+            seen.append(table.get(encode(probe)))
+        finally:
+            del os.environ[probe]
+        seen.append(table.get(encode(probe)))
+        if seen[0] is None or seen[1] is not None or (reader() is None) != (public() is None):
+            raise RuntimeError("os.environ's table does not follow os.environ")
+    except Exception as e:  # any failure means: don't use it
+        disable(f"reading {name} from os.environ's own table", e)
+        return public
+    return reader
 
 
 # --- torch: a clear error for jagged nested tensors ------------------------------------

@@ -95,6 +95,23 @@ def test_fast_path_is_taken_for_plain_tensors(monkeypatch: pytest.MonkeyPatch) -
     assert entered == []
 
 
+def test_environment_reader_follows_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backend variable's fast read changes exactly when ``os.environ`` does."""
+    from neuralops_gqa.private_internals import environment_reader
+
+    name = "NEURALOPS_GQA_TEST_VARIABLE"
+    monkeypatch.delenv(name, raising=False)
+    read = environment_reader(name)
+    assert read() is None
+    seen = set()
+    for value in ("triton", "torch", " Triton ", ""):
+        monkeypatch.setenv(name, value)
+        assert read() is not None and read() not in seen
+        seen.add(read())
+    monkeypatch.delenv(name)
+    assert read() is None
+
+
 class _Launcher:
     """Stands in for Triton's launcher object: a ``__call__`` and the C function under it."""
 
