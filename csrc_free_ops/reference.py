@@ -65,10 +65,12 @@ def reduce_reference(grad: Tensor, num_kv_heads: int) -> Tensor:
     takes it as it is.
     """
     batch, heads, seq, dim = grad.shape
-    n_rep = heads // num_kv_heads
-    group = grad.view(batch, num_kv_heads, n_rep, seq, dim)  # splitting one dim: a view whatever the strides
+    # Splitting one dim is a view whatever the strides; unbind takes the n_rep heads of each
+    # group in one call.
+    parts = grad.view(batch, num_kv_heads, heads // num_kv_heads, seq, dim).unbind(2)
     acc_dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32
-    acc = torch.zeros((batch, num_kv_heads, seq, dim), dtype=acc_dtype, device=grad.device)
-    for r in range(n_rep):
-        acc.add_(group[:, :, r])
+    acc = torch.empty((batch, num_kv_heads, seq, dim), dtype=acc_dtype, device=grad.device)
+    torch.add(parts[0], 0.0, out=acc)  # +0.0 + x: exact, and -0.0 becomes +0.0
+    for part in parts[1:]:
+        acc.add_(part)
     return acc.to(grad.dtype)
