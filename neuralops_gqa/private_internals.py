@@ -227,14 +227,12 @@ def environment_reader(name: str) -> Callable[[], object]:
             raise TypeError("os.environ's table is no longer a dict")
         reader: Callable[[], object] = functools.partial(table.get, encode(name))
         probe = f"NEURALOPS_GQA_ENVIRONMENT_PROBE_{os.getpid()}"
-        seen = []
         os.environ[probe] = "1"
         try:
-            seen.append(table.get(encode(probe)))
+            set_seen = table.get(encode(probe)) is not None
         finally:
             del os.environ[probe]
-        seen.append(table.get(encode(probe)))
-        if seen[0] is None or seen[1] is not None or (reader() is None) != (public() is None):
+        if not set_seen or table.get(encode(probe)) is not None or (reader() is None) != (public() is None):
             raise RuntimeError("os.environ's table does not follow os.environ")
     except Exception as e:  # any failure means: don't use it
         disable(f"reading {name} from os.environ's own table", e)
