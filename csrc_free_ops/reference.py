@@ -54,6 +54,9 @@ def expand_functional(x: Tensor, n_rep: int) -> Tensor:
     return grouped.clone(memory_format=torch.contiguous_format).flatten(1, 2)
 
 
+_ACCUMULATOR_DTYPES = (torch.float32, torch.float64)
+
+
 def reduce_reference(grad: Tensor, num_kv_heads: int) -> Tensor:
     """``[B, H, N, D] -> [B, num_kv_heads, N, D]``: KV head ``j`` sums heads ``j*n_rep ... j*n_rep+n_rep-1``.
 
@@ -68,9 +71,16 @@ def reduce_reference(grad: Tensor, num_kv_heads: int) -> Tensor:
     # Splitting one dim is a view whatever the strides; unbind takes the n_rep heads of each
     # group in one call.
     parts = grad.view(batch, num_kv_heads, heads // num_kv_heads, seq, dim).unbind(2)
-    acc_dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32
-    acc = torch.empty((batch, num_kv_heads, seq, dim), dtype=acc_dtype, device=grad.device)
-    torch.add(parts[0], 0.0, out=acc)  # +0.0 + x: exact, and -0.0 becomes +0.0
+    # +0.0 + x: exact, and -0.0 becomes +0.0. Where the gradient is contiguous and already
+    # in the accumulator's dtype, an out-of-place add makes the accumulator, contiguous like
+    # its input (no separate allocation, no final conversion: a third of a tiny reduction's
+    # host time).
+    if grad.dtype in _ACCUMULATOR_DTYPES and grad.is_contiguous():
+        acc = parts[0] + 0.0
+    else:
+        acc_dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32
+        acc = torch.empty((batch, num_kv_heads, seq, dim), dtype=acc_dtype, device=grad.device)
+        torch.add(parts[0], 0.0, out=acc)
     for part in parts[1:]:
         acc.add_(part)
-    return acc.to(grad.dtype)
+    return acc if acc.dtype == grad.dtype else acc.to(grad.dtype)
