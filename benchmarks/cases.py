@@ -173,7 +173,7 @@ MODELS = {
 # Launch-settings candidates (python -m benchmarks.bench --sweep): LaunchSettings fields.
 SWEEPS: dict[str, tuple[str, dict[str, tuple[int, ...]]]] = {
     "forward": ("forward", {"TILE_BYTES": (4096, 8192), "BYTES_PER_WARP": (1024, 2048), "WAVES": (4, 16),
-                            "REP_MAJOR_MAX_REPS": (0, 16), "CACHE_HINTS": (0, 1)}),
+                            "REP_MAJOR_MAX_REPS": (0, 16, 32), "CACHE_HINTS": (0, 1)}),
     "backward": ("backward", {"TILE_BYTES": (4096, 8192), "BYTES_PER_WARP": (1024, 2048), "REDUCE_UNROLL": (8, 16),
                               "REDUCE_SHORT_GROUP_BYTES_PER_WARP": (512, 1024), "CACHE_HINTS": (0, 1)}),
     # Long groups (MQA): how finely to split the sequence, how many warps share a tile.
@@ -183,8 +183,13 @@ SWEEPS: dict[str, tuple[str, dict[str, tuple[int, ...]]]] = {
 }  # fmt: skip
 
 # Points for a profiler (python -m benchmarks.profile_points): the kind the users' grid put
-# under a same-size copy (long groups, short sequences) and two that reach it.
+# under a same-size copy (long groups, short sequences, batch 1 with few KV heads) and two
+# that reach it.
 PROFILE_POINTS = (
+    ("backward", Shape("starcoder2-15b-B1-N2500", 1, 4, 48, 2500, 128)),
+    ("backward", Shape("falcon-40b-B1-N2500", 1, 8, 128, 2500, 64)),
+    ("backward", Shape("qwen2.5-3b-B1-N6000", 1, 2, 16, 6000, 128)),
+    ("forward", Shape("falcon-180b-B4-N3001", 4, 8, 232, 3001, 64)),
     ("backward", Shape("llama3-70b-B2-N1000", 2, 8, 64, 1000, 128)),
     ("backward", Shape("llama3-70b-B4-N1000", 4, 8, 64, 1000, 128)),
     ("backward", Shape("falcon-B2-N1000", 2, 1, 71, 1000, 64)),

@@ -1,8 +1,9 @@
-"""Launch the reduction and the expansion once at each of ``cases.PROFILE_POINTS``, for a profiler.
+"""Launch the reduction or the expansion once at each of ``cases.PROFILE_POINTS``, then a copy
+kernel of the same bytes (the reference its DRAM throughput is read against), for a profiler.
 
 Under Nsight Compute (the kernels only, caches flushed between them by default):
 
-    ncu --clock-control none --kernel-name regex:"reduce_bwd_kernel|expand_fwd_kernel" \\
+    ncu --clock-control none --kernel-name regex:"reduce_bwd_kernel|expand_fwd_kernel|vectorized_elementwise" \\
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,\\
     dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,\\
     sm__maximum_warps_per_active_cycle_pct,launch__grid_size,launch__block_size,\\
@@ -18,7 +19,7 @@ import sys
 
 import torch
 
-from benchmarks import cli, peers
+from benchmarks import cli, peers, timing
 from benchmarks.cases import PROFILE_POINTS
 
 
@@ -34,8 +35,9 @@ def main(argv: list[str] | None = None) -> None:
         heads = shape.kv_heads if direction == "forward" else shape.heads
         a, b = shape.tensors(torch.bfloat16, "cuda", heads)
         (peers.ours if direction == "forward" else peers.ours_backward)(a, b, shape.n_rep)
+        timing.same_size_copies(shape.minimal_bytes(a.element_size()), "cuda")["copy_kernel"][0]()
         torch.cuda.synchronize()
-        print(f"{shape.name} {direction}")
+        print(f"{shape.name} {direction}, then the same-size copy")
 
 
 if __name__ == "__main__":

@@ -93,19 +93,23 @@ def _handle_launcher(
     c_launch = _per_kernel_launch(run)
     if c_launch is not None:
         # The per-kernel C launcher's own arguments: cooperative grid, PDL, no scratch buffers.
-        target: Any = c_launch
-        head: tuple[Any, ...] = (run.launch_cooperative_grid, run.launch_pdl, None, None, metadata,
-                                 None, None, None)  # fmt: skip
-    else:  # the handle: metadata and three launch hooks
-        target, head = run, (metadata, None, None, None)
+        head = (run.launch_cooperative_grid, run.launch_pdl, None, None, metadata, None, None, None)
 
-    def launch(*pointers: int) -> bool:
+        def launch(*pointers: int) -> bool:
+            if index != get_device() or runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls:
+                return False
+            c_launch(grid0, 1, 1, current_stream(index), function, *head, *pointers, *tail)
+            return True
+
+        return launch
+
+    def launch_through_handle(*pointers: int) -> bool:
         if index != get_device() or runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls:
             return False
-        target(grid0, 1, 1, current_stream(index), function, *head, *pointers, *tail)
+        run(grid0, 1, 1, current_stream(index), function, metadata, None, None, None, *pointers, *tail)
         return True
 
-    return launch
+    return launch_through_handle
 
 
 def _probe_launch(probe_kernel: Any, index: int) -> bool:

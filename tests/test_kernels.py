@@ -51,6 +51,22 @@ def test_empty_plans_launch_nothing() -> None:
                                    (2, 6, 0, 8), (0, 0, 8, 1), torch.float32, 3, H200) is None  # fmt: skip
 
 
+def test_long_groups_up_to_32_reps_store_in_output_order() -> None:
+    """Falcon-180B's 29-head groups at 738 MB walk the output like short groups do (a
+    program storing all 29 copies of its tile lagged a same-size copy); MQA's 48 don't."""
+
+    def rep_major(kv_heads: int, n_rep: int, shape: tuple[int, int, int]) -> bool:
+        batch, seq, dim = shape
+        full = (batch, kv_heads, seq, dim)
+        stride = (kv_heads * seq * dim, seq * dim, dim, 1)
+        plan = gqa_triton._expand_plan(full, stride, 2, full, stride, 2, n_rep, H200)
+        assert plan is not None
+        return bool(plan.meta["REP_MAJOR"])
+
+    assert rep_major(8, 29, (4, 3001, 64))
+    assert not rep_major(1, 48, (6, 2500, 128))
+
+
 def test_grid_covers_both_tensors() -> None:
     plan = gqa_triton._expand_plan(
         (2, 2, 8, 16), (256, 128, 16, 1), 4, (2, 2, 8, 0), (0, 0, 0, 1), 4, 3, H200
