@@ -54,9 +54,6 @@ def expand_functional(x: Tensor, n_rep: int) -> Tensor:
     return grouped.clone(memory_format=torch.contiguous_format).flatten(1, 2)
 
 
-_ACCUMULATOR_DTYPES = (torch.float32, torch.float64)
-
-
 def reduce_reference(grad: Tensor, num_kv_heads: int) -> Tensor:
     """``[B, H, N, D] -> [B, num_kv_heads, N, D]``: KV head ``j`` sums heads ``j*n_rep ... j*n_rep+n_rep-1``.
 
@@ -75,10 +72,10 @@ def reduce_reference(grad: Tensor, num_kv_heads: int) -> Tensor:
     # in the accumulator's dtype, an out-of-place add makes the accumulator, contiguous like
     # its input (no separate allocation, no final conversion: a third of a tiny reduction's
     # host time).
-    if grad.dtype in _ACCUMULATOR_DTYPES and grad.is_contiguous():
+    acc_dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32
+    if grad.dtype == acc_dtype and grad.is_contiguous():
         acc = parts[0] + 0.0
     else:
-        acc_dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32
         acc = torch.empty((batch, num_kv_heads, seq, dim), dtype=acc_dtype, device=grad.device)
         torch.add(parts[0], 0.0, out=acc)
     for part in parts[1:]:
