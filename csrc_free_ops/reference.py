@@ -54,6 +54,11 @@ def expand_functional(x: Tensor, n_rep: int) -> Tensor:
     return grouped.clone(memory_format=torch.contiguous_format).flatten(1, 2)
 
 
+# A 0-dim tensor takes part in type promotion like a Python scalar: the sum keeps the
+# gradient's dtype, on any device.
+_ZERO = torch.zeros((), dtype=torch.float32)
+
+
 def reduce_reference(grad: Tensor, num_kv_heads: int) -> Tensor:
     """``[B, H, N, D] -> [B, num_kv_heads, N, D]``: KV head ``j`` sums heads ``j*n_rep ... j*n_rep+n_rep-1``.
 
@@ -61,8 +66,7 @@ def reduce_reference(grad: Tensor, num_kv_heads: int) -> Tensor:
     the other from +0.0, as the Triton kernel does, so every backend rounds alike (ATen's
     ``sum`` may split a long reduced dim over several accumulators, and a group of -0.0
     sums to +0.0 here as there). Returns a new contiguous tensor of the gradient's dtype.
-    The in-place additions are on a fresh accumulator, so compilers' functionalization
-    takes it as it is.
+    Eager only: its additions are in place (``reduce_functional`` is the form for graphs).
     """
     batch, heads, seq, dim = grad.shape
     # Splitting one dim is a view whatever the strides; unbind takes the n_rep heads of each
@@ -72,12 +76,26 @@ def reduce_reference(grad: Tensor, num_kv_heads: int) -> Tensor:
     # in the accumulator's dtype, an out-of-place add makes the accumulator, contiguous like
     # its input (no separate allocation, no final conversion: a third of a tiny reduction's
     # host time).
+    # The +0.0 is a 0-dim CPU tensor made once: a Python float is wrapped into a tensor on
+    # every call, half of such an addition's host time.
     acc_dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32
     if grad.dtype == acc_dtype and grad.is_contiguous():
-        acc = parts[0] + 0.0
+        acc = torch.add(parts[0], _ZERO)
     else:
         acc = torch.empty((batch, num_kv_heads, seq, dim), dtype=acc_dtype, device=grad.device)
-        torch.add(parts[0], 0.0, out=acc)
+        torch.add(parts[0], _ZERO, out=acc)
     for part in parts[1:]:
         acc.add_(part)
     return acc if acc.dtype == grad.dtype else acc.to(grad.dtype)
+
+
+def reduce_functional(grad: Tensor, num_kv_heads: int) -> Tensor:
+    """``reduce_reference`` in functional ATen ops only, the same sum in the same order: the
+    form compilers trace and ``aten_decompositions()`` exports (a decomposition may not
+    mutate, not even a tensor of its own)."""
+    batch, heads, seq, dim = grad.shape
+    acc_dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32
+    acc = torch.zeros((batch, num_kv_heads, seq, dim), dtype=acc_dtype, device=grad.device)
+    for part in grad.view(batch, num_kv_heads, heads // num_kv_heads, seq, dim).unbind(2):
+        acc = acc + part
+    return acc.to(grad.dtype)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from csrc_free_ops.reference import expand_functional, reduce_reference
+from csrc_free_ops.reference import expand_functional, reduce_functional
 from neuralops_gqa import eager, private_internals, transforms
 from neuralops_gqa.backend import backend, triton_kernels, use_triton
 from neuralops_gqa.validation import check_inputs
@@ -41,7 +41,7 @@ def _expand_in_aten(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> 
 def _reduce_in_aten(
     grad_k: Tensor, grad_v: Tensor, num_kv_heads: int, num_heads: int
 ) -> tuple[Tensor, Tensor]:
-    return reduce_reference(grad_k, num_kv_heads), reduce_reference(grad_v, num_kv_heads)
+    return reduce_functional(grad_k, num_kv_heads), reduce_functional(grad_v, num_kv_heads)
 
 
 def _launches_kernel(x: Tensor) -> bool:

@@ -348,6 +348,34 @@ def test_aten_decompositions_leave_no_op(device: str) -> None:
     torch.testing.assert_close(gk, g.unflatten(1, (2, 4)).sum(2))
 
 
+class _Reduce(torch.nn.Module):
+    def forward(self, grad_k: torch.Tensor, grad_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.ops.neuralops.gqa_reduce(grad_k, grad_v, 2, 8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_aten_decompositions_take_the_reduction_apart(device: str, dtype: torch.dtype) -> None:
+    """A program holding ``gqa_reduce`` (a backward exported on its own, say) decomposes to
+    functional ATen ops, and sums as the op does: in head order from +0.0, so the same bits
+    (a non-contiguous gradient and a group of -0.0 among them)."""
+    grad_k = make_tensor((2, 8, 5, 4), dtype, "bnhd", device, seed=0)
+    grad_v = make_tensor((2, 8, 5, 3), dtype, "contiguous", device, seed=1)
+    grad_v[:, 4:8] = -0.0
+    ep = torch.export.export(_Reduce(), (grad_k, grad_v))
+    aten = ep.run_decompositions(neuralops_gqa.aten_decompositions())
+    assert not [n for n in aten.graph.nodes if "neuralops" in str(n.target)]
+    assert not [n for n in aten.graph.nodes if str(n.target).endswith("_.Tensor")], aten.graph
+    got = aten.module()(grad_k, grad_v)
+    want = torch.ops.neuralops.gqa_reduce(grad_k, grad_v, 2, 8)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape and g.is_contiguous()
+        if device == "cpu":  # the eager reference: the same additions in the same order
+            assert torch.equal(g, w)
+        else:
+            torch.testing.assert_close(g, w)
+    assert not torch.signbit(got[1][:, 1]).any()
+
+
 def test_onnx_export_runs_in_onnxruntime(tmp_path: Path) -> None:
     """ONNX export with the package's translation table: standard ONNX ops only, and ONNX
     Runtime's outputs equal eager on new batch and sequence sizes."""
