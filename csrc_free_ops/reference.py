@@ -54,8 +54,9 @@ def expand_functional(x: Tensor, n_rep: int) -> Tensor:
     return grouped.clone(memory_format=torch.contiguous_format).flatten(1, 2)
 
 
-# A 0-dim tensor takes part in type promotion like a Python scalar: the sum keeps the
-# gradient's dtype, on any device.
+# The sums' +0.0, made once (a Python float is wrapped into a tensor on every call, half of
+# such an addition's host time). A 0-dim tensor takes part in type promotion like a Python
+# scalar: the sum keeps the gradient's dtype, on any device.
 _ZERO = torch.zeros((), dtype=torch.float32)
 
 
@@ -76,8 +77,6 @@ def reduce_reference(grad: Tensor, num_kv_heads: int) -> Tensor:
     # in the accumulator's dtype, an out-of-place add makes the accumulator, contiguous like
     # its input (no separate allocation, no final conversion: a third of a tiny reduction's
     # host time).
-    # The +0.0 is a 0-dim CPU tensor made once: a Python float is wrapped into a tensor on
-    # every call, half of such an addition's host time.
     acc_dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32
     if grad.dtype == acc_dtype and grad.is_contiguous():
         acc = torch.add(parts[0], _ZERO)
