@@ -63,6 +63,8 @@ def candidates(
         "op_reduce": (f"`torch.ops.neuralops.gqa_reduce(gk, gv, {kv}, {h})`", lambda: peers.REDUCE(gk, gv, kv, h)),
         "repeat_kv_pair": (f"`neuralops_gqa.repeat_kv(k, {n})`, then v",
                            lambda: (neuralops_gqa.repeat_kv(k, n), neuralops_gqa.repeat_kv(v, n))),
+        "repeat_kv_pair_grad": ("the same, inputs that need gradients",
+                                lambda: (neuralops_gqa.repeat_kv(kg, n), neuralops_gqa.repeat_kv(vg, n))),
         "repeat_kv_pair_fwd_bwd": ("the same, forward + backward (`torch.autograd.grad`)",
                                    backward(lambda a, b: (neuralops_gqa.repeat_kv(a, n), neuralops_gqa.repeat_kv(b, n)))),
         "hf": ("Hugging Face's `repeat_kv` on k and v", lambda: theirs(k, v)),

@@ -71,7 +71,8 @@ def test_cpu_bench_is_labelled_and_complete(cpu_run: Path) -> None:
     assert set(row["call_ms"]) >= {"neuralops", "repeat_interleave", "copy_memcpy", "copy_kernel"}
     assert "graph_ms" not in row and row["bytes"] <= 2**20
     names = {r["name"] for r in data["host"]["rows"]}
-    assert {"expand", "expand_grad", "op_expand", "op_expand_grad", "repeat_kv_pair", "repeat_kv_pair_fwd_bwd",
+    assert {"expand", "expand_grad", "op_expand", "op_expand_grad", "repeat_kv_pair", "repeat_kv_pair_grad",
+            "repeat_kv_pair_fwd_bwd",
             "op_reduce", "hf", "hf_fwd_bwd",
             "compiled_expand", "compiled_hf", "floor_empty_like", "floor_add", "floor_custom_op",
             "floor_define_impl"} <= names  # fmt: skip
