@@ -51,6 +51,9 @@ def candidates(
     ours: Pair = functools.partial(neuralops_gqa.gqa_expand, num_kv_heads=kv, num_heads=h)
     theirs: Pair = functools.partial(peers.hf, n_rep=n)
 
+    def repeat_pair(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+        return neuralops_gqa.repeat_kv(a, n), neuralops_gqa.repeat_kv(b, n)
+
     def backward(expand: Pair) -> Callable[[], object]:
         return lambda: torch.autograd.grad(expand(kg, vg), (kg, vg), (gk, gv))
 
@@ -61,12 +64,9 @@ def candidates(
         "op_expand": (f"`torch.ops.neuralops.gqa_expand(k, v, {kv}, {h})`", lambda: peers.EXPAND(k, v, kv, h)),
         "op_expand_grad": ("the same, inputs that need gradients", lambda: peers.EXPAND(kg, vg, kv, h)),
         "op_reduce": (f"`torch.ops.neuralops.gqa_reduce(gk, gv, {kv}, {h})`", lambda: peers.REDUCE(gk, gv, kv, h)),
-        "repeat_kv_pair": (f"`neuralops_gqa.repeat_kv(k, {n})`, then v",
-                           lambda: (neuralops_gqa.repeat_kv(k, n), neuralops_gqa.repeat_kv(v, n))),
-        "repeat_kv_pair_grad": ("the same, inputs that need gradients",
-                                lambda: (neuralops_gqa.repeat_kv(kg, n), neuralops_gqa.repeat_kv(vg, n))),
-        "repeat_kv_pair_fwd_bwd": ("the same, forward + backward (`torch.autograd.grad`)",
-                                   backward(lambda a, b: (neuralops_gqa.repeat_kv(a, n), neuralops_gqa.repeat_kv(b, n)))),
+        "repeat_kv_pair": (f"`neuralops_gqa.repeat_kv(k, {n})`, then v", lambda: repeat_pair(k, v)),
+        "repeat_kv_pair_grad": ("the same, inputs that need gradients", lambda: repeat_pair(kg, vg)),
+        "repeat_kv_pair_fwd_bwd": ("the same, forward + backward (`torch.autograd.grad`)", backward(repeat_pair)),
         "hf": ("Hugging Face's `repeat_kv` on k and v", lambda: theirs(k, v)),
         "hf_grad": ("the same, inputs that need gradients", lambda: theirs(kg, vg)),
         "hf_fwd_bwd": ("the same, forward + backward (`torch.autograd.grad`)", backward(theirs)),
