@@ -175,7 +175,7 @@ SWEEPS: dict[str, tuple[str, dict[str, tuple[int, ...]]]] = {
     "forward": ("forward", {"TILE_BYTES": (4096, 8192), "BYTES_PER_WARP": (1024, 2048), "WAVES": (4, 16),
                             "REP_MAJOR_MAX_REPS": (0, 16, 32), "CACHE_HINTS": (0, 1)}),
     "backward": ("backward", {"TILE_BYTES": (4096, 8192), "BYTES_PER_WARP": (1024, 2048), "REDUCE_UNROLL": (8, 16),
-                              "REDUCE_SHORT_GROUP_BYTES_PER_WARP": (512, 1024), "CACHE_HINTS": (0, 1)}),
+                              "REDUCE_SHORT_GROUP_BYTES_PER_WARP": (256, 512), "CACHE_HINTS": (0, 1)}),
     # Long groups (MQA): how finely to split the sequence, how many warps share a tile.
     "long-groups": ("backward", {"LONG_GROUP_WAVES": (4, 8, 16, 32), "REDUCE_UNROLL": (8, 16),
                                  "LONG_GROUP_MIN_TILE_BYTES": (256, 512, 1024, 2048),

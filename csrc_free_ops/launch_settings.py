@@ -70,15 +70,16 @@ class LaunchSettings:
     MIN_TILE_BYTES: int = 2048
     # Tile bytes per warp: 32 threads x 16-byte vectors x 2 vectors each.
     BYTES_PER_WARP: int = 32 * 16 * 2
-    MAX_WARPS: int = 8
+    MAX_WARPS: int = 16
     # The reduction issues this many of a group's loads together per loop step.
     REDUCE_UNROLL: int = 8
     # Groups of up to this many reps (every GQA model; MQA has more) take the "short group"
     # settings below.
     SHORT_GROUP_MAX_REPS: int = 16
-    # Short groups: the reduction gives each thread one 16-byte vector per load (twice the
-    # threads, so more loads in flight); long groups lose with it.
-    REDUCE_SHORT_GROUP_BYTES_PER_WARP: int = 32 * 16
+    # Short groups: the reduction gives each thread one 8-byte vector per load (twice the
+    # threads of 16-byte vectors, so more loads in flight where batch 1 and few KV heads
+    # leave few tiles; a 4 KiB tile then runs 16 warps); long groups lose with it.
+    REDUCE_SHORT_GROUP_BYTES_PER_WARP: int = 32 * 8
     # Long groups (MQA): each program sums its group's n_rep tiles in order, so finer tiles
     # put more loads in flight and even out the SMs' shares; tiles shrink down to
     # LONG_GROUP_MIN_TILE_BYTES while the grid is under LONG_GROUP_WAVES waves.
