@@ -32,7 +32,7 @@ from torch import Tensor
 from torch.autograd import forward_ad
 
 from csrc_free_ops.private_internals import ENABLED, ENV
-from csrc_free_ops.reference import expand_reference, reduce_reference
+from csrc_free_ops.reference import expand_reference, reduce_reference, reshape_copies
 from neuralops_gqa import private_internals, transforms
 from neuralops_gqa.backend import BACKEND_ENV, backend, triton_kernels, use_triton
 from neuralops_gqa.validation import check_inputs, check_tensor
@@ -53,12 +53,15 @@ class _Entry:
         self.run, self.num_kv_heads, self.num_heads = run, num_kv_heads, num_heads
 
 
-def _reference_run(op: str, num_kv_heads: int, num_heads: int) -> Run:
+def _reference_run(op: str, a: Tensor, b: Tensor | None, num_kv_heads: int, num_heads: int) -> Run:
     if op == "gqa_expand":
         n_rep = num_heads // num_kv_heads
+        # Decided once for the layout (the entry's key): whether the reshape copies by itself.
+        copies_a, copies_b = reshape_copies(a, n_rep), b is None or reshape_copies(b, n_rep)
 
         def expand(a: Tensor, b: Tensor | None) -> tuple[Tensor, Tensor | None]:
-            return expand_reference(a, n_rep), None if b is None else expand_reference(b, n_rep)
+            return (expand_reference(a, n_rep, copies_a),
+                    None if b is None else expand_reference(b, n_rep, copies_b))  # fmt: skip
 
         return expand
 
@@ -91,7 +94,7 @@ def _new_entry(
         launch = kernels.expand_launch if op == "gqa_expand" else kernels.reduce_launch
         run: Run = launch(a, b, n_rep)
     else:
-        run = _reference_run(op, num_kv_heads, num_heads)
+        run = _reference_run(op, a, b, num_kv_heads, num_heads)
     return _Entry(run, num_kv_heads, num_heads)
 
 
