@@ -21,13 +21,13 @@ _SHELL_DTYPES = frozenset(
 )
 
 
-def expand_reference(x: Tensor, n_rep: int, reshape_copies: bool | None = None) -> Tensor:
+def expand_reference(x: Tensor, n_rep: int, copies: bool | None = None) -> Tensor:
     """``[B, H_kv, N, D] -> [B, H_kv * n_rep, N, D]``, head ``h`` copying head ``h // n_rep``.
 
     A new contiguous tensor that is no view of another (so autograd lets the caller modify
     it in place), whatever the strides of ``x``: one copy, each element of ``x`` read once
-    and each output element written once. ``reshape_copies``: what ``reshape_copies(x,
-    n_rep)`` says, where the caller knows it for ``x``'s sizes and strides (None: checked).
+    and each output element written once. ``copies``: what ``reshape_copies(x, n_rep)``
+    says, where the caller knows it for ``x``'s sizes and strides (None: checked here).
     """
     batch, kv_heads, seq, dim = x.shape
     if x.dtype in _SHELL_DTYPES:  # ATen copies them as bytes only
@@ -35,24 +35,31 @@ def expand_reference(x: Tensor, n_rep: int, reshape_copies: bool | None = None) 
         grouped = x.view(torch.uint8).unsqueeze(2).expand(batch, kv_heads, n_rep, seq, dim)
         out.view(torch.uint8).view(batch, kv_heads, n_rep, seq, dim).copy_(grouped)
         return out
-    # reshape copies the broadcast into a tensor of its own (no view) in ATen's fast copy
-    # kernel; where the broadcast is already laid out as the result (n_rep == 1, one KV
-    # head, heads of stride 0, no elements) it returns x's memory instead, which is copied.
-    # Storage, not ``_base``: below autograd (the registered op's kernel) views aren't marked.
+    # The same reshape as reshape_copies', written out: this is an eager call's hot path.
     out = x.unsqueeze(2).expand(batch, kv_heads, n_rep, seq, dim).reshape(batch, kv_heads * n_rep, seq, dim)
-    if reshape_copies is None:
-        reshape_copies = out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
-    return out if reshape_copies else out.clone(memory_format=torch.contiguous_format)
+    if copies is None:
+        copies = not _same_memory(out, x)
+    return out if copies else out.clone(memory_format=torch.contiguous_format)
 
 
 def reshape_copies(x: Tensor, n_rep: int) -> bool:
-    """Whether ``expand_reference``'s reshape of ``x`` copies (rather than returning a view of
-    ``x``'s memory, which it then copies). It depends on ``x``'s sizes and strides only."""
+    """Whether ``expand_reference``'s reshape of ``x`` copies, rather than returning a view of
+    ``x``'s memory (which it then copies). It depends on ``x``'s sizes and strides only.
+
+    reshape copies the broadcast into a tensor of its own (no view) in ATen's fast copy
+    kernel; where the broadcast is already laid out as the result (n_rep == 1, one KV head,
+    heads of stride 0, no elements) it returns x's memory instead.
+    """
     if x.dtype in _SHELL_DTYPES:
         return True  # copied as bytes, never through the reshape
     batch, kv_heads, seq, dim = x.shape
     out = x.unsqueeze(2).expand(batch, kv_heads, n_rep, seq, dim).reshape(batch, kv_heads * n_rep, seq, dim)
-    return out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    return not _same_memory(out, x)
+
+
+def _same_memory(a: Tensor, b: Tensor) -> bool:
+    # Storage, not ``_base``: below autograd (the registered op's kernel) views aren't marked.
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def expand_functional(x: Tensor, n_rep: int) -> Tensor:
