@@ -182,6 +182,20 @@ SWEEPS: dict[str, tuple[str, dict[str, tuple[int, ...]]]] = {
                                  "LONG_GROUP_BYTES_PER_WARP": (256, 1024)}),
 }  # fmt: skip
 
+# Points of python -m benchmarks.split_probe: long groups and batch 1 with few KV heads, where
+# the users' grid put the reduction under a same-size copy, and two short groups that reach it.
+SPLIT_PROBE_POINTS = (
+    Shape("falcon-7b-mqa-B4-N1000", 4, 1, 71, 1000, 64),
+    Shape("falcon-7b-mqa-B1-N3001", 1, 1, 71, 3001, 64),
+    Shape("falcon-7b-mqa-B4-N3001", 4, 1, 71, 3001, 64),
+    Shape("falcon-180b-B1-N1000", 1, 8, 232, 1000, 64),
+    Shape("falcon-180b-B1-N3001", 1, 8, 232, 3001, 64),
+    Shape("chatglm3-6b-B1-N3001", 1, 2, 32, 3001, 128),
+    Shape("starcoder2-15b-B4-N1000", 4, 4, 48, 1000, 128),
+    Shape("llama3-8b-B1-N3001", 1, 8, 32, 3001, 128),
+    Shape("qwen2-7b-B1-N3001", 1, 4, 28, 3001, 128),
+)
+
 # Points for a profiler (python -m benchmarks.profile_points): the kind the users' grid put
 # under a same-size copy (long groups, short sequences, batch 1 with few KV heads) and two
 # that reach it.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import importlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -23,7 +24,16 @@ import torch
 from benchmarks import bench, cases, docs_blocks, peers, report, results, run_all, targets, timing
 
 ROOT = Path(__file__).resolve().parents[1]
-CLIS = ("bench", "users_shapes", "attention", "e2e_transformers", "run_all", "report", "profile_points")
+CLIS = (
+    "bench",
+    "users_shapes",
+    "attention",
+    "e2e_transformers",
+    "run_all",
+    "report",
+    "profile_points",
+    "split_probe",
+)
 TINY = ["--device", "cpu", "--max-mb", "0.05", "--quick", "--compile-backend", "eager"]
 
 
@@ -165,6 +175,7 @@ def test_bad_arguments_are_one_line(
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
 def test_cuda_only_tools_say_so(capsys: pytest.CaptureFixture[str]) -> None:
     assert "launches CUDA kernels; there is no GPU here" in _refused(capsys, "profile_points", [])
+    assert "launches CUDA kernels; there is no GPU here" in _refused(capsys, "split_probe", [])
     line = _refused(capsys, "users_shapes", ["--device", "cuda"])
     assert "--device cuda: no CUDA device is available here (use --device cpu)" in line
 
@@ -225,7 +236,7 @@ def test_help_is_complete(capsys: pytest.CaptureFixture[str], module: str) -> No
     assert exc.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "``" not in text and ":mod:" not in text
-    if module not in ("report", "profile_points"):
+    if module not in ("report", "profile_points", "split_probe"):
         assert "--device {cuda,cpu} where to run (default: " in text
     expected = {
         "bench": [s.name for s in cases.SHAPES] + ["kernels, host, compiled, memory", "bfloat16 (bf16)", "(default: bfloat16)"],
@@ -235,6 +246,7 @@ def test_help_is_complete(capsys: pytest.CaptureFixture[str], module: str) -> No
         "run_all": ["bench, users, attention, e2e", "~3 min", "(default: bench-out)"],
         "report": ["JSON"],
         "profile_points": ["ncu --clock-control none", "PROFILE_POINTS"],
+        "split_probe": [s.name for s in cases.SPLIT_PROBE_POINTS] + ["--profile", "(default: bench-out)"],
     }[module]  # fmt: skip
     missing = [word for word in expected if word not in text]
     assert not missing, missing
@@ -438,3 +450,22 @@ def test_kernel_form_compiles_in_one_graph(device: str) -> None:
     fn = torch.compile(compiled.workload("expand", "neuralops_kernel"), backend="eager", fullgraph=True)
     k_out, v_out = fn(k, copy.copy(k), 2)
     assert torch.equal(k_out, k.repeat_interleave(2, 1)) and torch.equal(v_out, k_out)
+
+
+@pytest.mark.parametrize("splits", [2, 3])
+def test_split_probe_sums_each_group(splits: int) -> None:
+    """The split reduction the probe times is a reduction: each way of combining gives the same
+    bits, within one rounding of the float32 sum in head order (Triton's interpreter here)."""
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("the split probe's kernels need a GPU or TRITON_INTERPRET=1")
+    from benchmarks import split_probe
+    from csrc_free_ops.reference import reduce_reference
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    grad = torch.randn(2, 14, 5, 9, device=device).to(torch.bfloat16)  # 45-element planes: a ragged last tile
+    two_pass = split_probe.split_reduction(grad, 7, splits, 16, 1, fixup=False)()
+    fixup = split_probe.split_reduction(grad, 7, splits, 16, 1, fixup=True)()
+    assert torch.equal(two_pass, fixup)
+    expected = reduce_reference(grad, 2).float()
+    torch.testing.assert_close(two_pass.float(), expected, rtol=2**-7, atol=0)
+    assert not torch.equal(two_pass, torch.zeros_like(two_pass))

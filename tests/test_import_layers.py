@@ -24,6 +24,7 @@ LAYERS = {
         "attention",
         "e2e_transformers",
         "profile_points",
+        "split_probe",
     },
     "rendering": {"report", "docs_blocks"},
     "entry points": {"bench", "run_all"},
