@@ -5,7 +5,7 @@ Layers, each importing only those below it:
                                                 command lines' and result files' plumbing
   kernels, host, compiled, memory,              one runner each, writing a result file;
   users_shapes, attention, e2e_transformers,    none imports another
-  profile_points, split_probe
+  profile_points, split_probe, block_stages
   report, docs_blocks                           Markdown and plots from result files
   bench, run_all                                command lines that run several runners
 """

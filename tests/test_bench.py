@@ -33,6 +33,7 @@ CLIS = (
     "report",
     "profile_points",
     "split_probe",
+    "block_stages",
 )
 TINY = ["--device", "cpu", "--max-mb", "0.05", "--quick", "--compile-backend", "eager"]
 
@@ -246,6 +247,7 @@ def test_help_is_complete(capsys: pytest.CaptureFixture[str], module: str) -> No
         "run_all": ["bench, users, attention, e2e", "~3 min", "(default: bench-out)"],
         "report": ["JSON"],
         "profile_points": ["ncu --clock-control none", "PROFILE_POINTS"],
+        "block_stages": [c.name for c in cases.ATTENTION] + ["(default: gqa-small)", "(default: 1000)"],
         "split_probe": [s.name for s in cases.SPLIT_PROBE_POINTS] + ["--profile", "(default: bench-out)"],
     }[module]  # fmt: skip
     missing = [word for word in expected if word not in text]
@@ -469,3 +471,13 @@ def test_split_probe_sums_each_group(splits: int) -> None:
     expected = reduce_reference(grad, 2).float()
     torch.testing.assert_close(two_pass.float(), expected, rtol=2**-7, atol=0)
     assert not torch.equal(two_pass, torch.zeros_like(two_pass))
+
+
+def test_block_stages_times_every_step_of_every_expansion(tmp_path: Path) -> None:
+    from benchmarks import block_stages
+
+    block_stages.main(["--device", "cpu", "--calls", "3", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "block-stages.json").read_text())
+    assert set(report["us"]) == set(block_stages.EXPANSIONS)
+    for steps in report["us"].values():
+        assert list(steps) == list(block_stages.STEPS) and all(us > 0 for us in steps.values())

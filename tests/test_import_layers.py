@@ -25,6 +25,7 @@ LAYERS = {
         "e2e_transformers",
         "profile_points",
         "split_probe",
+        "block_stages",
     },
     "rendering": {"report", "docs_blocks"},
     "entry points": {"bench", "run_all"},
