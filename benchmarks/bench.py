@@ -24,7 +24,8 @@ bench.md and bench.png into --out. The parts:
             flushed) and in CUDA-graph replays, beside a copy of the same bytes (memcpy and
             copy kernel) and the 1 GiB copy's ceiling
   host      the host's time per eager call: ours through every entry point, Hugging Face's,
-            compiled, CUDA graphs, and floors (allocations, an ATen op, empty registered ops)
+            compiled, CUDA graphs, and floors (allocations, an ATen op, empty registered ops,
+            the kernel's cached launch alone)
   compiled  the op inside torch.compile graphs against compiled repeat_kv
   memory    peak memory of our forward and backward (CUDA only)
 On a CPU the op runs its PyTorch reference: shapes are scaled down (--max-mb), times are

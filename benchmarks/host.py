@@ -4,7 +4,8 @@ per call, calls queued back to back, candidates taking turns in rounds (median r
 Ours through every door a user takes (the Python entry, the registered ops with and without
 inputs that need gradients, ``repeat_kv`` on k then v, the reduction, an expansion's
 backward), Hugging Face's ``repeat_kv`` the same ways, compiled (default mode) and CUDA-graph
-replays of both, and the floors under them: allocations, an ATen op, empty registered ops. A
+replays of both, and the floors under them: allocations, an ATen op, empty registered ops,
+the expansion kernel's cached launch alone (CUDA). A
 backward costs its forward + backward minus its forward (the report subtracts).
 """
 
@@ -21,6 +22,7 @@ import neuralops_gqa
 from benchmarks import peers, timing
 from benchmarks.cases import Shape
 from benchmarks.results import Report, Step
+from csrc_free_ops import gqa_triton
 
 Pair = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 
@@ -86,6 +88,18 @@ def candidates(
         )
         found["compiled_hf"] = ("`torch.compile` (default mode) of Hugging Face's", lambda: hf(k, v, n))
     if device == "cuda":
+        # The kernel launch under an eager call: Triton's compiled handle called directly,
+        # as the call does, on results allocated once (what is left is checks, allocation
+        # and the Python around them).
+        launch = gqa_triton.expand_launch(k, v, n)
+        out_k, out_v = launch(k, v)  # the first call compiles and keeps the direct launch
+        run = launch.direct_run(k, v)
+        if run is not None and out_v is not None:
+            pointers = (k.data_ptr(), v.data_ptr(), out_k.data_ptr(), out_v.data_ptr())
+            found["floor_launch"] = (
+                "floor: the expansion's cached kernel launch alone",
+                lambda: run(*pointers),
+            )
         found["graph_expand"] = (
             "a CUDA graph replay of `gqa_expand`",
             timing.capture([lambda: ours(k, v)]).replay,

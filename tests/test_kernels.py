@@ -112,12 +112,30 @@ def test_compiled_handle_launch_is_reused_and_exact(device: str) -> None:
         k_out, v_out = torch.ops.neuralops.gqa_expand(k, v, 4, 12)
         assert_bitwise_equal(k_out, expand_oracle(k, 3))
         assert_bitwise_equal(v_out, expand_oracle(v, 3))
-    # One direct launcher, for the inputs' alignments, kept by the cached launch.
-    assert len(gqa_triton.expand_launch(k, v, 3)._runs) == 1
+    # One direct launcher, for the inputs' alignments, kept by the cached launch; called by
+    # itself (the host benchmark's floor) it writes the same bits.
+    launch = gqa_triton.expand_launch(k, v, 3)
+    assert len(launch._runs) == 1
+    run = launch.direct_run(k, v)
+    assert run is not None
+    k_out, v_out = torch.empty_like(k_out), torch.empty_like(v_out)
+    assert run(k.data_ptr(), v.data_ptr(), k_out.data_ptr(), v_out.data_ptr())
+    assert_bitwise_equal(k_out, expand_oracle(k, 3))
+    assert_bitwise_equal(v_out, expand_oracle(v, 3))
     g = make_tensor((2, 12, 33, 80), torch.float32, "bnhd", device, seed=4)
     for _ in range(2):
         out, _ = torch.ops.neuralops.gqa_reduce(g, g, 4, 12)
         torch.testing.assert_close(out.double(), g.double().unflatten(1, (4, 3)).sum(2), rtol=1e-6, atol=1e-5)
+
+
+def test_interpreted_launches_keep_no_direct_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU tensors run Triton's interpreter on every call: there is no compiled handle to keep."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    k, v = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
+    launch = gqa_triton.expand_launch(k, v, 2)
+    out_k, _ = launch(k, v)
+    assert_bitwise_equal(out_k, expand_oracle(k, 2))
+    assert launch.direct_run(k, v) is None
 
 
 @pytest.mark.parametrize(
