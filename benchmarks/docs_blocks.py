@@ -141,6 +141,7 @@ BLOCKS: dict[str, tuple[int, Block]] = {
     "index-performance": (1, _summary),
     "design-results": (1, _summary),
     "eager-host": (1, _one(_host)),
+    "host": (1, _one(lambda r: f"{md.machine_line(r).rstrip()}\n\n{md.host_table(r)}")),
     "compiled-host": (1, _one(_compiled_host)),
     "compiled-choice": (1, _one(_compiled_choice)),
     "eager-peer-range": (1, _one(_peer_range)),

@@ -128,16 +128,6 @@ def test_compiled_handle_launch_is_reused_and_exact(device: str) -> None:
         torch.testing.assert_close(out.double(), g.double().unflatten(1, (4, 3)).sum(2), rtol=1e-6, atol=1e-5)
 
 
-def test_interpreted_launches_keep_no_direct_launch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """CPU tensors run Triton's interpreter on every call: there is no compiled handle to keep."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    k, v = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
-    launch = gqa_triton.expand_launch(k, v, 2)
-    out_k, _ = launch(k, v)
-    assert_bitwise_equal(out_k, expand_oracle(k, 2))
-    assert launch.direct_run(k, v) is None
-
-
 @pytest.mark.parametrize(
     ("shape", "layout", "n_rep"),
     [((2, 3, 10, 24), "bnhd", 5), ((1, 2, 33, 80), "contiguous", 4), ((2, 1, 7, 64), "offset", 20)],
