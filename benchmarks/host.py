@@ -5,8 +5,8 @@ Ours through every door a user takes (the Python entry, the registered ops with 
 inputs that need gradients, ``repeat_kv`` on k then v, the reduction, an expansion's
 backward), Hugging Face's ``repeat_kv`` the same ways, compiled (default mode) and CUDA-graph
 replays of both, and the floors under them: allocations, an ATen op, empty registered ops,
-the expansion kernel's cached launch alone (CUDA). A
-backward costs its forward + backward minus its forward (the report subtracts).
+the expansion kernel's cached launch alone (CUDA). A backward costs its forward + backward
+minus its forward (the report subtracts).
 """
 
 from __future__ import annotations
