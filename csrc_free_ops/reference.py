@@ -76,6 +76,8 @@ def expand_functional(x: Tensor, n_rep: int) -> Tensor:
 # such an addition's host time). A 0-dim tensor takes part in type promotion like a Python
 # scalar: the sum keeps the gradient's dtype, on any device.
 _ZERO = torch.zeros((), dtype=torch.float32)
+# The longest group ATen's CPU ``sum`` adds in order (tests/test_reduce_autograd.py holds it to that).
+_CPU_SUM_IN_ORDER = 4
 
 
 def reduce_reference(grad: Tensor, num_kv_heads: int) -> Tensor:
@@ -88,14 +90,22 @@ def reduce_reference(grad: Tensor, num_kv_heads: int) -> Tensor:
     Eager only: its additions are in place (``reduce_functional`` is the form for graphs).
     """
     batch, heads, seq, dim = grad.shape
-    # Splitting one dim is a view whatever the strides; unbind takes the n_rep heads of each
-    # group in one call.
-    parts = grad.view(batch, num_kv_heads, heads // num_kv_heads, seq, dim).unbind(2)
+    n_rep = heads // num_kv_heads
+    # Splitting one dim is a view whatever the strides.
+    groups = grad.view(batch, num_kv_heads, n_rep, seq, dim)
+    acc_dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32
+    if n_rep <= _CPU_SUM_IN_ORDER and grad.is_cpu:
+        # ATen's CPU sum adds a reduced dim this short one element after the other from +0.0,
+        # whatever the layout and vector width (its interleaved accumulators start at 5): the
+        # same sum in one call instead of n_rep.
+        acc = groups.sum(2, dtype=acc_dtype)
+        return acc if acc.dtype == grad.dtype else acc.to(grad.dtype)
+    # unbind takes the n_rep heads of each group in one call.
+    parts = groups.unbind(2)
     # +0.0 + x: exact, and -0.0 becomes +0.0. Where the gradient is contiguous and already
     # in the accumulator's dtype, an out-of-place add makes the accumulator, contiguous like
     # its input (no separate allocation, no final conversion: a third of a tiny reduction's
     # host time).
-    acc_dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32
     if grad.dtype == acc_dtype and grad.is_contiguous():
         acc = torch.add(parts[0], _ZERO)
     else:

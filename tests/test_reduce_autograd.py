@@ -195,13 +195,17 @@ def test_low_precision_reduce_rounds_once_to_nearest(backend: str, device: str, 
     assert not torch.equal(expected.float(), g.float().unflatten(1, (2, 8)).sum(2))
 
 
-@pytest.mark.parametrize("n_rep", [1, 2, 7, 24, 32, 71, 128])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=short)
-def test_reduce_sums_in_head_order(backend: str, device: str, n_rep: int, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("layout", ["contiguous", "bnhd"])
+@pytest.mark.parametrize("n_rep", [1, 2, 3, 4, 5, 7, 24, 32, 71, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64], ids=short)
+def test_reduce_sums_in_head_order(
+    backend: str, device: str, n_rep: int, dtype: torch.dtype, layout: str
+) -> None:
     """Each KV head is the sum of its group in head order, one addition after the other from
-    +0.0, in float32 (float64 for float64): bit for bit an explicit loop, on every backend and
-    group length (ATen's own sum splits long groups over several accumulators)."""
-    grad = make_tensor((1, 2 * n_rep, 3, 40), dtype, "bnhd", device, seed=n_rep)
+    +0.0, in float32 (float64 for float64): bit for bit an explicit loop, on every backend,
+    group length and layout (ATen's own sum splits groups of 5 or more over several
+    accumulators; the reference uses it on a CPU for shorter groups only)."""
+    grad = make_tensor((1, 2 * n_rep, 3, 40), dtype, layout, device, seed=n_rep)
     grad[:, :n_rep, 0] = -0.0  # a group of negative zeros sums to +0.0 (0.0 + -0.0)
     acc_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     expected = torch.zeros((1, 2, 3, 40), dtype=acc_dtype, device=device)
