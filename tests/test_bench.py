@@ -34,6 +34,7 @@ CLIS = (
     "profile_points",
     "split_probe",
     "block_stages",
+    "call_steps",
 )
 TINY = ["--device", "cpu", "--max-mb", "0.05", "--quick", "--compile-backend", "eager"]
 
@@ -248,6 +249,7 @@ def test_help_is_complete(capsys: pytest.CaptureFixture[str], module: str) -> No
         "report": ["JSON"],
         "profile_points": ["ncu --clock-control none", "PROFILE_POINTS"],
         "block_stages": [c.name for c in cases.ATTENTION] + ["(default: gqa-small)", "(default: 1000)"],
+        "call_steps": ["NEURALOPS_GQA_PRIVATE_INTERNALS=0", "call-steps.json", "--quick"],
         "split_probe": [s.name for s in cases.SPLIT_PROBE_POINTS] + ["--profile", "(default: bench-out)"],
     }[module]  # fmt: skip
     missing = [word for word in expected if word not in text]
@@ -481,3 +483,26 @@ def test_block_stages_times_every_step_of_every_expansion(tmp_path: Path) -> Non
     assert set(report["us"]) == set(block_stages.EXPANSIONS)
     for steps in report["us"].values():
         assert list(steps) == list(block_stages.STEPS) and all(us > 0 for us in steps.values())
+
+
+def test_call_steps_times_the_eager_path_step_by_step(tmp_path: Path) -> None:
+    from benchmarks import call_steps
+    from neuralops_gqa import eager
+
+    call_steps.main(["--device", "cpu", "--quick", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "call-steps.json").read_text())
+    names = [row["name"] for row in report["rows"]]
+    public = ["call", "call_grad", "backward", "hf_backward", "python_loop"]
+    # With the private internals off there is no eager route: only the public calls are timed.
+    steps = [
+        "guard_tensors",
+        "guard_watched",
+        "entry_lookup",
+        "launch",
+        "allocation",
+        "function_apply",
+        "reduce",
+    ]
+    assert names == public + (steps if eager._ExpandFunction is not None else [])
+    assert all(row["us"] > 0 and row["what"] for row in report["rows"])
+    assert report["shape"] == cases.SMALL.scaled(int(0.01 * 2**20), 4).describe()

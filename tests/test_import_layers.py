@@ -26,6 +26,7 @@ LAYERS = {
         "profile_points",
         "split_probe",
         "block_stages",
+        "call_steps",
     },
     "rendering": {"report", "docs_blocks"},
     "entry points": {"bench", "run_all"},
