@@ -3,7 +3,7 @@
 #
 #   bash tests/gpu_check.sh OUT suite       # the whole test suite on the GPU (CUDA picked by the tests)
 #   bash tests/gpu_check.sh OUT sanitizer   # tests/compute_sanitizer.sh
-#   bash tests/gpu_check.sh OUT host        # eager host cost, private fast paths on and off
+#   bash tests/gpu_check.sh OUT host        # eager host cost, private fast paths on and off, step by step
 #
 # Run from the repository root on a machine with a CUDA GPU; the package is used in place.
 set -uo pipefail
@@ -43,6 +43,9 @@ for stage in "$@"; do
                 --shapes small --out "$out/host-private-$private" >"$out/host-private-$private.log" 2>&1 || status=1
             grep -iE "neuralops_gqa|repeat_kv|floor" "$out/host-private-$private.log" | head -8
         done
+        # Where one eager call's host time goes, step by step (private internals on).
+        python -m benchmarks.call_steps --out "$out/call-steps" >"$out/call-steps.log" 2>&1 || status=1
+        cat "$out/call-steps.log"
         ;;
     *)
         echo "unknown stage $stage" >&2
