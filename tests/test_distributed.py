@@ -75,6 +75,17 @@ def test_dtensor(backend: str, comm: str, ranks: int, tmp_path: Path) -> None:
         pytest.skip("every other check passed; " + "; ".join(skipped))
 
 
+# How a gloo snippet ends once its checks passed: "ok", then out without interpreter teardown,
+# which with gloo's threads alive sometimes aborts after the last line ("terminate called
+# without an active exception", SIGABRT; tests/distributed_worker.py leaves the same way).
+_LEAVE_OK = """
+import os, sys
+print("ok")
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
+"""
+
 # The DTensor support without its extension point: importing warns once, plain calls work,
 # a DTensor call names what is missing.
 _WITHOUT_EXTENSION_POINT = """
@@ -108,7 +119,6 @@ except RuntimeError as exc:
     assert expected in str(exc) and "DTensor inputs are not supported" in str(exc), exc
 else:
     raise AssertionError("a DTensor call without the extension point succeeded")
-print("ok")
 """
 
 
@@ -116,7 +126,9 @@ print("ok")
 def test_without_extension_point(missing: str, tmp_path: Path) -> None:
     if not torch.distributed.is_available():
         pytest.skip("this torch build has no torch.distributed")
-    code = f"STORE = {str(tmp_path / 'store')!r}\nMISSING = {missing!r}\n" + _WITHOUT_EXTENSION_POINT
+    code = (
+        f"STORE = {str(tmp_path / 'store')!r}\nMISSING = {missing!r}\n" + _WITHOUT_EXTENSION_POINT + _LEAVE_OK
+    )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300
     )
@@ -191,7 +203,6 @@ for placement in (Replicate(), Shard(1)):
     if not globals().get("ONLY_THE_OPS"):
         assert torch.equal(neuralops_gqa.repeat_kv(kd, 3).full_tensor(), k.repeat_interleave(3, 1))
 dist.destroy_process_group()
-print("ok")
 """
 
 
@@ -211,6 +222,7 @@ def test_dtensor_rule_survives_import_order(order: str, tmp_path: Path) -> None:
             f"DTENSOR, STORE = 'torch.distributed.tensor', {str(tmp_path / 'store')!r}",
             _IMPORT_ORDERS[order],
             _CALL_ON_A_DTENSOR,
+            _LEAVE_OK,
         ]
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
