@@ -81,8 +81,9 @@ def steps(shape: cases.Shape, dtype: torch.dtype, device: str) -> tuple[dict[str
         "function_apply": ("the launch inside its `autograd.Function` (inputs that need gradients)",
                            lambda: eager._ExpandFunction.apply(kg, vg, entry)),
     }  # fmt: skip
-    if device == "cuda":
-        run = entry.run.direct_run(k, v)  # type: ignore[attr-defined]
+    direct_run = getattr(entry.run, "direct_run", None)  # the Triton launch's (not the reference's)
+    if direct_run is not None:
+        run = direct_run(k, v)
         if run is not None:
             pointers = (k.data_ptr(), v.data_ptr(), out_k.data_ptr(), out_v.data_ptr())
             found["direct_launch"] = ("the kernel's cached launch alone", lambda: run(*pointers))
