@@ -4,6 +4,7 @@
 #   bash tests/gpu_check.sh OUT suite       # the whole test suite on the GPU (CUDA picked by the tests)
 #   bash tests/gpu_check.sh OUT sanitizer   # tests/compute_sanitizer.sh
 #   bash tests/gpu_check.sh OUT host        # eager host cost, private fast paths on and off, step by step
+#                                           # (one call's steps, and an eager attention block's)
 #
 # Run from the repository root on a machine with a CUDA GPU; the package is used in place.
 set -uo pipefail
@@ -46,6 +47,9 @@ for stage in "$@"; do
         # Where one eager call's host time goes, step by step (private internals on).
         python -m benchmarks.call_steps --out "$out/call-steps" >"$out/call-steps.log" 2>&1 || status=1
         cat "$out/call-steps.log"
+        # The same for the eager-matmul attention block, each step of it (small case).
+        python -m benchmarks.block_stages --out "$out/block-stages" >"$out/block-stages.log" 2>&1 || status=1
+        cat "$out/block-stages.log"
         ;;
     *)
         echo "unknown stage $stage" >&2
