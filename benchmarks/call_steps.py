@@ -15,7 +15,6 @@ Writes call-steps.json.
 
 from __future__ import annotations
 
-import json
 import platform
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 import torch
 
 import neuralops_gqa
-from benchmarks import cases, cli, peers, timing
+from benchmarks import cases, cli, peers, results, timing
 from neuralops_gqa import eager
 
 Step = tuple[str, Callable[[], object]]
@@ -121,11 +120,10 @@ def main(argv: list[str] | None = None) -> None:
     rows = [{"name": name, "what": what, "us": us[name]} for name, (what, _) in (found | no_grad).items()]
     for row in rows:
         print(f"{row['us']:9.2f}  {row['what']}")
-    args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "call-steps.json"
-    report = {"device": device, "torch": torch.__version__, "python": platform.python_version(),
-              "shape": shape.describe(), "dtype": str(dtype), "rows": rows}  # fmt: skip
-    path.write_text(json.dumps(report, indent=1) + "\n")
+    report = {"device": device, "machine": results.machine(args.device), "shape": shape.describe(),
+              "dtype": str(dtype), "rows": rows}  # fmt: skip
+    results.write(report, path)
     print(f"wrote {path}")
 
 
