@@ -129,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         results.write({**combined, "rows": [row for r in reports for row in r["rows"]]}, path)
         print(f"wrote {path}")
         return 0
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available here (use --device cpu)")
+    cli.check_device(parser, args.device)
     dtype, cuda = args.dtype[0], args.device == "cuda"
     max_mb = args.max_mb or (None if cuda else cases.ATTENTION_CPU_MAX_MB)
     chosen = [c for c in cases.ATTENTION if c.name in args.cases]

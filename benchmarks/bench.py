@@ -68,8 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         return docs_blocks.main(args.root, check=args.check)
     device = args.device
     parts = args.parts or [p for p in PARTS if device == "cuda" or p not in CUDA_ONLY]
-    if device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available here (use --device cpu)")
+    cli.check_device(parser, device)
     if device != "cuda" and (args.sweep or set(parts) & set(CUDA_ONLY)):
         what = "--sweep" if args.sweep else f"--parts {','.join(p for p in parts if p in CUDA_ONLY)}"
         parser.error(f"{what} measures CUDA kernels and needs a CUDA GPU (this run's device: {device})")

@@ -99,8 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = cli.parser("python -m benchmarks.block_stages", __doc__ or "", FLAGS)
     args = parser.parse_args(argv)
     cli.check_out(parser, args.out)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available here (use --device cpu)")
+    cli.check_device(parser, args.device)
     shape = next(c for c in cases.ATTENTION if c.name == args.case)
     if args.device == "cpu":
         shape = shape.scaled(int(cases.ATTENTION_CPU_MAX_MB * 2**20), 4)

@@ -104,8 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = cli.parser("python -m benchmarks.call_steps", __doc__ or "", FLAGS)
     args = parser.parse_args(argv)
     cli.check_out(parser, args.out)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available here (use --device cpu)")
+    cli.check_device(parser, args.device)
     shape = cases.SMALL
     if args.device == "cpu":  # the reference's copies would hide the host path: one token
         shape = shape.scaled(int(_CPU_MAX_MB * 2**20), 4)

@@ -120,3 +120,9 @@ def check_out(parser: argparse.ArgumentParser, path: Path, folder: bool = True) 
             pass
     except OSError as error:
         parser.error(f"--out {path}: can't write in {ancestor} ({error.strerror or error})")
+
+
+def check_device(parser: argparse.ArgumentParser, device: str) -> None:
+    """``--device cuda`` only where a CUDA device is: checked before any work."""
+    if device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available here (use --device cpu)")

@@ -144,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dtype is not None and len(args.dtype) != 1:
         parser.error(f"--dtype: give one dtype, got {', '.join(args.dtype)}")
     cli.check_out(parser, args.out, folder=False)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available here (use --device cpu)")
+    cli.check_device(parser, args.device)
     model = cases.MODELS[args.model or ("large" if args.device == "cuda" else "tiny")]
     overrides = {f.name: getattr(args, f.name) for f in fields(model) if getattr(args, f.name) is not None}
     model = replace(model, **{**overrides, **({"dtype": args.dtype[0]} if args.dtype else {})})

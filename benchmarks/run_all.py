@@ -18,8 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from benchmarks import attention, bench, cli, report, results, users_shapes
 
 PARTS = ("bench", "users", "attention", "e2e")
@@ -55,8 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = cli.parser("python -m benchmarks.run_all", __doc__ or "", FLAGS)
     args = parser.parse_args(argv)
     cli.check_out(parser, args.out)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available here (use --device cpu)")
+    cli.check_device(parser, args.device)
     done: list[tuple[str, float, str, Path]] = []
     for part, part_argv, path in part_commands(args.out, args.device, args.quick, args.compile_backend):
         if part not in args.parts:

@@ -169,8 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         results.write(combined, path)
         print(f"{verdict(combined)}\nwrote {path}")
         return 0
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available here (use --device cpu)")
+    cli.check_device(parser, args.device)
     base = cases.USERS_CPU if args.device == "cpu" else cases.USERS_QUICK if args.quick else cases.USERS_FULL
     grid = {k: tuple(getattr(args, k) or base[k]) for k in ("configs", "seqs", "batches")}
     points = cases.users_shapes(grid["configs"], grid["seqs"], grid["batches"], tuple(args.layouts))

@@ -178,8 +178,10 @@ def test_bad_arguments_are_one_line(
 def test_cuda_only_tools_say_so(capsys: pytest.CaptureFixture[str]) -> None:
     assert "launches CUDA kernels; there is no GPU here" in _refused(capsys, "profile_points", [])
     assert "launches CUDA kernels; there is no GPU here" in _refused(capsys, "split_probe", [])
-    line = _refused(capsys, "users_shapes", ["--device", "cuda"])
-    assert "--device cuda: no CUDA device is available here (use --device cpu)" in line
+    runners = "bench users_shapes attention run_all e2e_transformers block_stages call_steps".split()
+    for module in runners:
+        line = _refused(capsys, module, ["--device", "cuda"])
+        assert "--device cuda: no CUDA device is available here (use --device cpu)" in line, module
 
 
 @pytest.mark.parametrize("module", ["bench", "users_shapes", "attention", "run_all", "e2e_transformers"])
