@@ -16,6 +16,7 @@ import csrc_free_ops
 import neuralops_gqa
 from csrc_free_ops import private_internals
 from helpers import RecordingMode, assert_bitwise_equal, expand_oracle, make_tensor
+from neuralops_gqa import eager
 
 needs_internals = pytest.mark.skipif(
     not private_internals.ENABLED,
@@ -173,6 +174,43 @@ def test_eager_calls_stay_within_their_python_call_budget(monkeypatch: pytest.Mo
         counts[name] = len(seen)
         assert len(seen) <= _BUDGETS[name], (name, seen)
     assert counts["repeat_kv"] < counts["gqa_expand"]  # one tensor launched, not a pair
+
+
+@needs_internals
+@pytest.mark.parametrize("consumer", ["sdpa", "eager"])
+@pytest.mark.parametrize("expansion", ["neuralops_repeat_kv", "neuralops_gqa_expand"])
+def test_training_steps_of_an_attention_block_reuse_their_launches(
+    backend: str, device: str, consumer: str, expansion: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the first step, an eager training step of the attention benchmark's blocks checks
+    no layout again: each gradient layout autograd hands the backward (k's arrives transposed
+    behind the eager matmul) finds the launch the first step cached."""
+    from benchmarks.attention import block
+
+    made: list[str] = []
+    new_entry = eager._new_entry
+
+    def recording(op, *args, **kwargs):  # type: ignore[no-untyped-def]
+        made.append(op)
+        return new_entry(op, *args, **kwargs)
+
+    monkeypatch.setattr(eager, "_ENTRIES", {})  # what earlier tests cached is not this block's
+    monkeypatch.setattr(eager, "_new_entry", recording)
+    attention = block(consumer, expansion)
+    q = make_tensor((1, 8, 16, 8), torch.float32, "contiguous", device, seed=1).requires_grad_()
+    k, v = (
+        make_tensor((1, 2, 16, 8), torch.float32, "contiguous", device, seed=s).requires_grad_()
+        for s in (2, 3)
+    )
+    grad = make_tensor((1, 8, 16, 8), torch.float32, "contiguous", device, seed=4)
+    first = torch.autograd.grad(attention(q, k, v), (q, k, v), grad)
+    assert "gqa_expand" in made and "gqa_reduce" in made, made
+    made_by_first = len(made)
+    for _ in range(3):
+        later = torch.autograd.grad(attention(q, k, v), (q, k, v), grad)
+        for a, b in zip(first, later):
+            assert_bitwise_equal(a, b)
+    assert len(made) == made_by_first, made[made_by_first:]
 
 
 @needs_internals
