@@ -5,11 +5,19 @@ float32 softmax, cast, ``@ v``, then the backward of q, k and v) taken apart: ea
 host time is read around its call (no synchronisation, so it is what the Python thread
 spends), the expansions take turns call by call, and each step's median is kept. Where the
 block is host-bound, its wall time is the sum of these. On a CPU the steps run the reference
-and the kernels' host costs are not what a GPU's would be. Writes block-stages.json.
+and the kernels' host costs are not what a GPU's would be.
+
+A second table asks what a call leaves behind for the work after it: the block's forward
+steps, without gradients, on the same fixed tensors, after nothing, after each expansion,
+and after the expansion's cached kernel launch alone (CUDA). Steps that read the same
+tensors yet run slower after a call are a cost of that call its own timing misses.
+Writes block-stages.json.
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
 import itertools
 import json
 import statistics
@@ -23,6 +31,7 @@ from torch import Tensor
 
 import neuralops_gqa
 from benchmarks import cases, cli, peers
+from neuralops_gqa import eager
 
 EXPANSIONS = ("hf", "neuralops_repeat_kv", "neuralops_gqa_expand")
 STEPS = (
@@ -37,6 +46,7 @@ STEPS = (
     "@ v",
     "backward",
 )
+AFTER_STEPS = STEPS[1:-1]
 
 
 def expansion(name: str, n_rep: int) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]:
@@ -47,6 +57,33 @@ def expansion(name: str, n_rep: int) -> Callable[[Tensor, Tensor], tuple[Tensor,
     return lambda k, v: neuralops_gqa.gqa_expand(k, v, k.shape[1], k.shape[1] * n_rep)
 
 
+def consumer(q: Tensor, ke: Tensor, ve: Tensor, marks: list[int]) -> Tensor:
+    """The block's forward after the expansion, a clock reading appended after each step."""
+    clock = time.perf_counter_ns
+    kt = ke.transpose(2, 3)
+    marks.append(clock())
+    scores = torch.matmul(q, kt)
+    marks.append(clock())
+    scores = scores * q.shape[-1] ** -0.5
+    marks.append(clock())
+    causal = torch.ones(q.shape[2], ke.shape[2], dtype=torch.bool, device=q.device).triu(1)
+    marks.append(clock())
+    scores = scores.masked_fill(causal, float("-inf"))
+    marks.append(clock())
+    weights = F.softmax(scores, dim=-1, dtype=torch.float32)
+    marks.append(clock())
+    weights = weights.to(q.dtype)
+    marks.append(clock())
+    out = torch.matmul(weights, ve)
+    marks.append(clock())
+    return out
+
+
+def _record(marks: list[int], samples: list[list[int]]) -> None:
+    for step, (start, end) in enumerate(itertools.pairwise(marks)):
+        samples[step].append(end - start)
+
+
 def staged_block(
     shape: cases.Shape, dtype: torch.dtype, device: str
 ) -> Callable[[str, list[list[int]]], None]:
@@ -55,36 +92,52 @@ def staged_block(
     k, v = shape.tensors(dtype, device, requires_grad=True)
     grad = torch.randn_like(q)
     expand = {name: expansion(name, shape.n_rep) for name in EXPANSIONS}
-    scale = shape.dim**-0.5
     clock = time.perf_counter_ns
 
     def run(name: str, samples: list[list[int]]) -> None:
-        t0 = clock()
+        marks = [clock()]
         ke, ve = expand[name](k, v)
-        t1 = clock()
-        kt = ke.transpose(2, 3)
-        t2 = clock()
-        scores = torch.matmul(q, kt)
-        t3 = clock()
-        scores = scores * scale
-        t4 = clock()
-        causal = torch.ones(q.shape[2], ke.shape[2], dtype=torch.bool, device=q.device).triu(1)
-        t5 = clock()
-        scores = scores.masked_fill(causal, float("-inf"))
-        t6 = clock()
-        weights = F.softmax(scores, dim=-1, dtype=torch.float32)
-        t7 = clock()
-        weights = weights.to(q.dtype)
-        t8 = clock()
-        out = torch.matmul(weights, ve)
-        t9 = clock()
+        marks.append(clock())
+        out = consumer(q, ke, ve, marks)
         torch.autograd.grad(out, (q, k, v), grad)
-        t10 = clock()
-        marks = (t0, t1, t2, t3, t4, t5, t6, t7, t8, t9, t10)
-        for step, (start, end) in enumerate(itertools.pairwise(marks)):
-            samples[step].append(end - start)
+        marks.append(clock())
+        _record(marks, samples)
 
     return run
+
+
+def preceded_steps(
+    shape: cases.Shape, dtype: torch.dtype, device: str
+) -> dict[str, Callable[[list[list[int]]], None]]:
+    """name -> ``run(samples)``: a call of ``name`` (untimed), then the consumer's forward on
+    fixed tensors, each step's nanoseconds appended. Run without gradients. The steps read
+    the same tensors whatever came before them, so where they run slower after a call, the
+    call has left the host slower for the work that follows. ``kernel_launch`` (the expansion's
+    cached Triton launch alone, into fixed results) only where there is one: CUDA with the
+    private internals on."""
+    q = shape.tensors(dtype, device, shape.heads)[0]
+    k, v = shape.tensors(dtype, device)
+    ke, ve = peers.hf(k, v, shape.n_rep)
+    calls: dict[str, Callable[[], object]] = {"nothing": lambda: None}
+    for name in EXPANSIONS:
+        calls[name] = functools.partial(expansion(name, shape.n_rep), k, v)
+    run_of = getattr(eager._entry("gqa_expand", k, v, shape.kv_heads, shape.heads).run, "direct_run", None)
+    launch = None if run_of is None or eager._ExpandFunction is None else run_of(k, v)
+    if launch is not None:
+        pointers = (k.data_ptr(), v.data_ptr(), ke.data_ptr(), ve.data_ptr())
+        calls["kernel_launch"] = lambda: launch(*pointers)
+    clock = time.perf_counter_ns
+
+    def timed(call: Callable[[], object]) -> Callable[[list[list[int]]], None]:
+        def run(samples: list[list[int]]) -> None:
+            call()
+            marks = [clock()]
+            consumer(q, ke, ve, marks)
+            _record(marks, samples)
+
+        return run
+
+    return {name: timed(call) for name, call in calls.items()}
 
 
 FLAGS: list[cli.Flag] = [
@@ -104,31 +157,47 @@ def main(argv: list[str] | None = None) -> None:
     if args.device == "cpu":
         shape = shape.scaled(int(cases.ATTENTION_CPU_MAX_MB * 2**20), 4)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    run = staged_block(shape, dtype, args.device)
-    samples: dict[str, list[list[int]]] = {name: [[] for _ in STEPS] for name in EXPANSIONS}
-    for call in range(200 + args.calls):
-        for name in EXPANSIONS:
-            run(name, samples[name] if call >= 200 else [[] for _ in STEPS])
-        if call % 50 == 0 and args.device == "cuda":
-            torch.cuda.synchronize()  # the GPU's queue stays short: the host, not a full queue, sets the pace
-    us = {
-        name: {step: statistics.median(s) / 1e3 for step, s in zip(STEPS, samples[name])}
-        for name in EXPANSIONS
-    }
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    run = staged_block(shape, dtype, args.device)
+    us = _medians({name: functools.partial(run, name) for name in EXPANSIONS}, STEPS, args)
     print(
         f"{shape.name} ({shape.describe()}), {dtype}, {device}: host us per step, medians of {args.calls} calls"
     )
-    print(f"{'step':12s}" + "".join(f"{name:>22s}" for name in EXPANSIONS))
-    for step in STEPS:
-        print(f"{step:12s}" + "".join(f"{us[name][step]:22.1f}" for name in EXPANSIONS))
-    print(f"{'sum':12s}" + "".join(f"{sum(us[name].values()):22.1f}" for name in EXPANSIONS))
+    _table(us, "sum")
+    with torch.no_grad():
+        after = _medians(preceded_steps(shape, dtype, args.device), AFTER_STEPS, args)
+    print("\nThe forward's steps on fixed tensors, no gradients, after each call:")
+    _table(after, "sum after")
+    if "kernel_launch" not in after:
+        print("(no kernel_launch row: it needs CUDA and the private internals)")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "block-stages.json"
     report = {"device": device, "torch": torch.__version__, "case": shape.name, "dtype": str(dtype),
-              "calls": args.calls, "us": us}  # fmt: skip
+              "calls": args.calls, "us": us, "after": after}  # fmt: skip
     path.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {path}")
+
+
+def _medians(
+    runs: dict[str, Callable[[list[list[int]]], None]], steps: tuple[str, ...], args: argparse.Namespace
+) -> dict[str, dict[str, float]]:
+    """Each run's median microseconds per step; the runs take turns call by call."""
+    samples: dict[str, list[list[int]]] = {name: [[] for _ in steps] for name in runs}
+    for call in range(200 + args.calls):
+        for name, run in runs.items():
+            run(samples[name] if call >= 200 else [[] for _ in steps])
+        if call % 50 == 0 and args.device == "cuda":
+            torch.cuda.synchronize()  # the GPU's queue stays short: the host, not a full queue, sets the pace
+    return {
+        name: {step: statistics.median(s) / 1e3 for step, s in zip(steps, samples[name])} for name in runs
+    }
+
+
+def _table(us: dict[str, dict[str, float]], total: str) -> None:
+    print(f"{'step':12s}" + "".join(f"{name:>22s}" for name in us))
+    for step in next(iter(us.values())):
+        print(f"{step:12s}" + "".join(f"{row[step]:22.1f}" for row in us.values()))
+    print(f"{total:12s}" + "".join(f"{sum(row.values()):22.1f}" for row in us.values()))
 
 
 if __name__ == "__main__":

@@ -477,7 +477,7 @@ def test_split_probe_sums_each_group(splits: int) -> None:
     assert not torch.equal(two_pass, torch.zeros_like(two_pass))
 
 
-def test_block_stages_times_every_step_of_every_expansion(tmp_path: Path) -> None:
+def test_block_stages_times_every_step_of_every_expansion_and_the_steps_after_it(tmp_path: Path) -> None:
     from benchmarks import block_stages
 
     block_stages.main(["--device", "cpu", "--calls", "3", "--out", str(tmp_path)])
@@ -485,6 +485,10 @@ def test_block_stages_times_every_step_of_every_expansion(tmp_path: Path) -> Non
     assert set(report["us"]) == set(block_stages.EXPANSIONS)
     for steps in report["us"].values():
         assert list(steps) == list(block_stages.STEPS) and all(us > 0 for us in steps.values())
+    # What each call leaves the forward's steps after it: a bare launch only where there is one.
+    assert list(report["after"]) == ["nothing", *block_stages.EXPANSIONS]
+    for steps in report["after"].values():
+        assert list(steps) == list(block_stages.AFTER_STEPS) and all(us > 0 for us in steps.values())
 
 
 def test_call_steps_times_the_eager_path_step_by_step(tmp_path: Path) -> None:
