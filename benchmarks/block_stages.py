@@ -121,6 +121,7 @@ def preceded_steps(
     calls: dict[str, Callable[[], object]] = {"nothing": lambda: None}
     for name in EXPANSIONS:
         calls[name] = functools.partial(expansion(name, shape.n_rep), k, v)
+    calls["neuralops_gqa_expand"]()  # a first call keeps the layout's direct launch, if there is one
     run_of = getattr(eager._entry("gqa_expand", k, v, shape.kv_heads, shape.heads).run, "direct_run", None)
     launch = None if run_of is None or eager._ExpandFunction is None else run_of(k, v)
     if launch is not None:

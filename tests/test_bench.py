@@ -477,16 +477,32 @@ def test_split_probe_sums_each_group(splits: int) -> None:
     assert not torch.equal(two_pass, torch.zeros_like(two_pass))
 
 
-def test_block_stages_times_every_step_of_every_expansion_and_the_steps_after_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(
+                not torch.cuda.is_available(), reason="the cached kernel launch's row needs CUDA"
+            ),
+        ),
+    ],
+)
+def test_block_stages_times_every_step_of_every_expansion_and_the_steps_after_it(
+    tmp_path: Path, device: str
+) -> None:
     from benchmarks import block_stages
+    from csrc_free_ops.private_internals import ENABLED
 
-    block_stages.main(["--device", "cpu", "--calls", "3", "--out", str(tmp_path)])
+    block_stages.main(["--device", device, "--calls", "3", "--out", str(tmp_path)])
     report = json.loads((tmp_path / "block-stages.json").read_text())
     assert set(report["us"]) == set(block_stages.EXPANSIONS)
     for steps in report["us"].values():
         assert list(steps) == list(block_stages.STEPS) and all(us > 0 for us in steps.values())
     # What each call leaves the forward's steps after it: a bare launch only where there is one.
-    assert list(report["after"]) == ["nothing", *block_stages.EXPANSIONS]
+    launch = ["kernel_launch"] if device == "cuda" and ENABLED else []
+    assert list(report["after"]) == ["nothing", *block_stages.EXPANSIONS, *launch]
     for steps in report["after"].values():
         assert list(steps) == list(block_stages.AFTER_STEPS) and all(us > 0 for us in steps.values())
 
