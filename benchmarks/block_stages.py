@@ -16,7 +16,6 @@ Writes block-stages.json.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import itertools
 import json
@@ -57,14 +56,14 @@ def expansion(name: str, n_rep: int) -> Callable[[Tensor, Tensor], tuple[Tensor,
     return lambda k, v: neuralops_gqa.gqa_expand(k, v, k.shape[1], k.shape[1] * n_rep)
 
 
-def consumer(q: Tensor, ke: Tensor, ve: Tensor, marks: list[int]) -> Tensor:
+def consumer(q: Tensor, ke: Tensor, ve: Tensor, scale: float, marks: list[int]) -> Tensor:
     """The block's forward after the expansion, a clock reading appended after each step."""
     clock = time.perf_counter_ns
     kt = ke.transpose(2, 3)
     marks.append(clock())
     scores = torch.matmul(q, kt)
     marks.append(clock())
-    scores = scores * q.shape[-1] ** -0.5
+    scores = scores * scale
     marks.append(clock())
     causal = torch.ones(q.shape[2], ke.shape[2], dtype=torch.bool, device=q.device).triu(1)
     marks.append(clock())
@@ -92,13 +91,14 @@ def staged_block(
     k, v = shape.tensors(dtype, device, requires_grad=True)
     grad = torch.randn_like(q)
     expand = {name: expansion(name, shape.n_rep) for name in EXPANSIONS}
+    scale = shape.dim**-0.5
     clock = time.perf_counter_ns
 
     def run(name: str, samples: list[list[int]]) -> None:
         marks = [clock()]
         ke, ve = expand[name](k, v)
         marks.append(clock())
-        out = consumer(q, ke, ve, marks)
+        out = consumer(q, ke, ve, scale, marks)
         torch.autograd.grad(out, (q, k, v), grad)
         marks.append(clock())
         _record(marks, samples)
@@ -123,17 +123,18 @@ def preceded_steps(
         calls[name] = functools.partial(expansion(name, shape.n_rep), k, v)
     calls["neuralops_gqa_expand"]()  # a first call keeps the layout's direct launch, if there is one
     run_of = getattr(eager._entry("gqa_expand", k, v, shape.kv_heads, shape.heads).run, "direct_run", None)
-    launch = None if run_of is None or eager._ExpandFunction is None else run_of(k, v)
+    launch = None if run_of is None else run_of(k, v)
     if launch is not None:
         pointers = (k.data_ptr(), v.data_ptr(), ke.data_ptr(), ve.data_ptr())
         calls["kernel_launch"] = lambda: launch(*pointers)
+    scale = shape.dim**-0.5
     clock = time.perf_counter_ns
 
     def timed(call: Callable[[], object]) -> Callable[[list[list[int]]], None]:
         def run(samples: list[list[int]]) -> None:
             call()
             marks = [clock()]
-            consumer(q, ke, ve, marks)
+            consumer(q, ke, ve, scale, marks)
             _record(marks, samples)
 
         return run
@@ -160,13 +161,13 @@ def main(argv: list[str] | None = None) -> None:
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     run = staged_block(shape, dtype, args.device)
-    us = _medians({name: functools.partial(run, name) for name in EXPANSIONS}, STEPS, args)
+    us = _medians({name: functools.partial(run, name) for name in EXPANSIONS}, STEPS, args.calls, args.device)
     print(
         f"{shape.name} ({shape.describe()}), {dtype}, {device}: host us per step, medians of {args.calls} calls"
     )
     _table(us, "sum")
     with torch.no_grad():
-        after = _medians(preceded_steps(shape, dtype, args.device), AFTER_STEPS, args)
+        after = _medians(preceded_steps(shape, dtype, args.device), AFTER_STEPS, args.calls, args.device)
     print("\nThe forward's steps on fixed tensors, no gradients, after each call:")
     _table(after, "sum after")
     if "kernel_launch" not in after:
@@ -180,14 +181,14 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _medians(
-    runs: dict[str, Callable[[list[list[int]]], None]], steps: tuple[str, ...], args: argparse.Namespace
+    runs: dict[str, Callable[[list[list[int]]], None]], steps: tuple[str, ...], calls: int, device: str
 ) -> dict[str, dict[str, float]]:
     """Each run's median microseconds per step; the runs take turns call by call."""
     samples: dict[str, list[list[int]]] = {name: [[] for _ in steps] for name in runs}
-    for call in range(200 + args.calls):
+    for call in range(200 + calls):
         for name, run in runs.items():
             run(samples[name] if call >= 200 else [[] for _ in steps])
-        if call % 50 == 0 and args.device == "cuda":
+        if call % 50 == 0 and device == "cuda":
             torch.cuda.synchronize()  # the GPU's queue stays short: the host, not a full queue, sets the pace
     return {
         name: {step: statistics.median(s) / 1e3 for step, s in zip(steps, samples[name])} for name in runs
