@@ -3,9 +3,15 @@
 The attention benchmark's eager-matmul block (expansion, ``q @ k^T``, scale, causal mask,
 float32 softmax, cast, ``@ v``, then the backward of q, k and v) taken apart: each step's
 host time is read around its call (no synchronisation, so it is what the Python thread
-spends), the expansions take turns call by call, and each step's median is kept. Where the
-block is host-bound, its wall time is the sum of these. On a CPU the steps run the reference
-and the kernels' host costs are not what a GPU's would be.
+spends), and each step's median is kept. Where the block is host-bound, its wall time is the
+sum of these. The expansions take turns in runs of ``--turn`` calls, as a training loop runs
+one kind of step back to back: taken call by call, each expansion's Python would start cold
+after another's, which makes whichever follows Hugging Face's (all of it native code) look
+dearer than it is in a loop. ``function_floor`` (where the private internals are on) is
+``gqa_expand``'s ``autograd.Function`` applied with its cached launch looked up once: no
+guard, no lookup, what the eager route's design can't go under. On a CPU the steps run the
+reference (the same ATen copy as Hugging Face's), so the differences there are host cost
+alone, though not a GPU host's figures.
 
 A second table asks what a call leaves behind for the work after it: the block's forward
 steps, without gradients, on the same fixed tensors, after nothing, after each expansion,
@@ -85,25 +91,35 @@ def _record(marks: list[int], samples: list[list[int]]) -> None:
 
 def staged_block(
     shape: cases.Shape, dtype: torch.dtype, device: str
-) -> Callable[[str, list[list[int]]], None]:
-    """``run(expansion, samples)``: one forward + backward, each step's nanoseconds appended to ``samples``."""
+) -> dict[str, Callable[[list[list[int]]], None]]:
+    """expansion -> ``run(samples)``: one forward + backward, each step's nanoseconds appended
+    to ``samples``; ``function_floor`` too where the private internals are on."""
     q = shape.tensors(dtype, device, shape.heads, True)[0]
     k, v = shape.tensors(dtype, device, requires_grad=True)
     grad = torch.randn_like(q)
     expand = {name: expansion(name, shape.n_rep) for name in EXPANSIONS}
+    if eager._ExpandFunction is not None:
+        entry = eager._entry("gqa_expand", k, v, shape.kv_heads, shape.heads)
+        apply = eager._ExpandFunction.apply
+        expand["function_floor"] = lambda k, v: apply(k, v, entry)
     scale = shape.dim**-0.5
     clock = time.perf_counter_ns
 
-    def run(name: str, samples: list[list[int]]) -> None:
-        marks = [clock()]
-        ke, ve = expand[name](k, v)
-        marks.append(clock())
-        out = consumer(q, ke, ve, scale, marks)
-        torch.autograd.grad(out, (q, k, v), grad)
-        marks.append(clock())
-        _record(marks, samples)
+    def staged(
+        expansion: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
+    ) -> Callable[[list[list[int]]], None]:
+        def run(samples: list[list[int]]) -> None:
+            marks = [clock()]
+            ke, ve = expansion(k, v)
+            marks.append(clock())
+            out = consumer(q, ke, ve, scale, marks)
+            torch.autograd.grad(out, (q, k, v), grad)
+            marks.append(clock())
+            _record(marks, samples)
 
-    return run
+        return run
+
+    return {name: staged(expansion) for name, expansion in expand.items()}
 
 
 def preceded_steps(
@@ -147,6 +163,7 @@ FLAGS: list[cli.Flag] = [
     cli.DEVICE,
     ("--case", tuple(c.name for c in cases.ATTENTION), "gqa-small", "an attention benchmark case"),
     ("--calls", cli.at_least(1), 1000, "timed calls of each expansion (after 200 untimed)"),
+    ("--turn", cli.at_least(1), 25, "calls in a row of one expansion before the next takes its turn"),
 ]
 
 
@@ -160,14 +177,16 @@ def main(argv: list[str] | None = None) -> None:
         shape = shape.scaled(int(cases.ATTENTION_CPU_MAX_MB * 2**20), 4)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    run = staged_block(shape, dtype, args.device)
-    us = _medians({name: functools.partial(run, name) for name in EXPANSIONS}, STEPS, args.calls, args.device)
+    us = _medians(staged_block(shape, dtype, args.device), STEPS, args.calls, args.device, args.turn)
     print(
-        f"{shape.name} ({shape.describe()}), {dtype}, {device}: host us per step, medians of {args.calls} calls"
+        f"{shape.name} ({shape.describe()}), {dtype}, {device}: host us per step, medians of {args.calls} calls,"
+        f" {args.turn} in a row"
     )
     _table(us, "sum")
     with torch.no_grad():
-        after = _medians(preceded_steps(shape, dtype, args.device), AFTER_STEPS, args.calls, args.device)
+        after = _medians(
+            preceded_steps(shape, dtype, args.device), AFTER_STEPS, args.calls, args.device, args.turn
+        )
     print("\nThe forward's steps on fixed tensors, no gradients, after each call:")
     _table(after, "sum after")
     if "kernel_launch" not in after:
@@ -175,21 +194,27 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "block-stages.json"
     report = {"device": device, "torch": torch.__version__, "case": shape.name, "dtype": str(dtype),
-              "calls": args.calls, "us": us, "after": after}  # fmt: skip
+              "calls": args.calls, "turn": args.turn, "us": us, "after": after}  # fmt: skip
     path.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {path}")
 
 
 def _medians(
-    runs: dict[str, Callable[[list[list[int]]], None]], steps: tuple[str, ...], calls: int, device: str
+    runs: dict[str, Callable[[list[list[int]]], None]],
+    steps: tuple[str, ...],
+    calls: int,
+    device: str,
+    turn: int,
 ) -> dict[str, dict[str, float]]:
-    """Each run's median microseconds per step; the runs take turns call by call."""
+    """Each run's median microseconds per step over ``calls`` timed calls after 200 untimed;
+    the runs take turns, ``turn`` calls in a row each."""
     samples: dict[str, list[list[int]]] = {name: [[] for _ in steps] for name in runs}
-    for call in range(200 + calls):
+    for start in range(0, 200 + calls, turn):
         for name, run in runs.items():
-            run(samples[name] if call >= 200 else [[] for _ in steps])
-        if call % 50 == 0 and device == "cuda":
-            torch.cuda.synchronize()  # the GPU's queue stays short: the host, not a full queue, sets the pace
+            for call in range(start, min(start + turn, 200 + calls)):
+                run(samples[name] if call >= 200 else [[] for _ in steps])
+            if device == "cuda":
+                torch.cuda.synchronize()  # the GPU's queue stays short: the host, not a full queue, sets the pace
     return {
         name: {step: statistics.median(s) / 1e3 for step, s in zip(steps, samples[name])} for name in runs
     }

@@ -495,9 +495,11 @@ def test_block_stages_times_every_step_of_every_expansion_and_the_steps_after_it
     from benchmarks import block_stages
     from csrc_free_ops.private_internals import ENABLED
 
-    block_stages.main(["--device", device, "--calls", "3", "--out", str(tmp_path)])
+    block_stages.main(["--device", device, "--calls", "3", "--turn", "2", "--out", str(tmp_path)])
     report = json.loads((tmp_path / "block-stages.json").read_text())
-    assert set(report["us"]) == set(block_stages.EXPANSIONS)
+    # The eager route's floor, its autograd.Function alone, where there is an eager route.
+    floor = ["function_floor"] if ENABLED else []
+    assert list(report["us"]) == [*block_stages.EXPANSIONS, *floor] and report["turn"] == 2
     for steps in report["us"].values():
         assert list(steps) == list(block_stages.STEPS) and all(us > 0 for us in steps.values())
     # What each call leaves the forward's steps after it: a bare launch only where there is one.
@@ -505,6 +507,17 @@ def test_block_stages_times_every_step_of_every_expansion_and_the_steps_after_it
     assert list(report["after"]) == ["nothing", *block_stages.EXPANSIONS, *launch]
     for steps in report["after"].values():
         assert list(steps) == list(block_stages.AFTER_STEPS) and all(us > 0 for us in steps.values())
+
+
+def test_block_stages_runs_each_expansion_in_turns_of_calls_in_a_row() -> None:
+    from benchmarks import block_stages
+
+    order: list[str] = []
+    runs = {name: (lambda samples, name=name: (order.append(name), samples[0].append(1000))) for name in "ab"}
+    us = block_stages._medians(runs, ("step",), 5, "cpu", 3)  # type: ignore[arg-type]
+    # 205 calls each (200 untimed) in runs of 3, the last run cut short; 5 timed of 1 us each.
+    assert order == [name for start in range(0, 205, 3) for name in "ab" for _ in range(min(3, 205 - start))]
+    assert us == {"a": {"step": 1.0}, "b": {"step": 1.0}}
 
 
 def test_call_steps_times_the_eager_path_step_by_step(tmp_path: Path) -> None:
