@@ -263,3 +263,73 @@ def test_nested_tensors_are_refused_by_name(device: str) -> None:
                 torch.ops.neuralops.gqa_expand(nested, nested, 2, 4)
         with pytest.raises(ValueError, match="repeat_kv: hidden_states must be a dense tensor"):
             neuralops_gqa.repeat_kv(nested, 2)
+
+
+class _Subclass(Tensor):
+    pass
+
+
+@needs_internals
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state")
+def test_the_guard_takes_plain_tensors_only(device: str) -> None:
+    """Which tensors the eager route's guard calls plain, on every kind of tensor a call
+    could be given: dense strided CPU or CUDA tensors, whatever their strides, dtype or
+    autograd state; never a subclass, a lazy bit, another layout or device, or a wrapper of
+    functionalization or of a ``torch.func`` or legacy vmap transform (which look like a
+    plain ``Tensor`` to Python)."""
+    from torch._vmap_internals import _vmap
+
+    base = torch.randn(2, 4, 3, 8, device=device)
+    z = torch.randn(2, 4, 3, 8, dtype=torch.complex64, device=device)
+    with torch.inference_mode():
+        inference = torch.randn(2, 4, 3, 8, device=device)
+    escaped: list[Tensor] = []
+    torch.func.vmap(lambda x: escaped.append(x) or x)(base)
+    torch.func.grad(lambda x: escaped.append(x) or x.sum())(base)
+    _vmap(lambda x: escaped.append(x) or x, 0, 0)(base)
+    tensors = {
+        "contiguous": base,
+        "transposed": base.transpose(1, 2),
+        "sliced": base[:, 1:],
+        "expanded": base[:, :1].expand(2, 4, 3, 8),
+        "requires grad": base.clone().requires_grad_(),
+        "non-leaf": base.clone().requires_grad_() * 2,
+        "int": base.int(),
+        "bool": base > 0,
+        "inference": inference,
+        "complex": z,
+        "conjugate": z.conj(),
+        "negative": z.conj().imag,
+        "zero tensor": torch._efficientzerotensor((2, 4, 3, 8), device=device),
+        "sparse": base.to_sparse(),
+        "sparse csr": base[0, 0].to_sparse_csr(),
+        "nested": torch.nested.nested_tensor([base[0], base[1]]),
+        "subclass": base.as_subclass(_Subclass),
+        "parameter": torch.nn.Parameter(base),
+        "functionalization wrapper": torch._to_functional_tensor(base),
+        "torch.func.vmap's wrapper": escaped[0],
+        "torch.func.grad's wrapper": escaped[1],
+        "legacy vmap's wrapper": escaped[2],
+        "meta": base.to("meta"),
+    }
+    if device == "cpu":
+        tensors["quantized"] = torch.quantize_per_tensor(base, 0.1, 0, torch.qint8)
+    plain = [name for name, t in tensors.items() if eager._plain_tensor(t)]
+    assert plain == [
+        "contiguous", "transposed", "sliced", "expanded", "requires grad", "non-leaf", "int", "bool", "inference",
+        "complex",
+    ]  # fmt: skip
+
+
+def test_a_wrapper_that_escaped_its_transform_still_expands(device: str) -> None:
+    """A tensor kept from inside ``torch.func.grad`` is a wrapper with no storage: ATen ops
+    still take it, and so do the entry points (through the registered op)."""
+    escaped: list[Tensor] = []
+    k = make_tensor((1, 2, 3, 4), torch.float32, "contiguous", device)
+    torch.func.grad(lambda x: escaped.append(x) or x.sum())(k)
+    (wrapper,) = escaped
+    oracle = expand_oracle(k, 2)
+    assert_bitwise_equal(neuralops_gqa.repeat_kv(wrapper, 2), oracle)
+    for out in neuralops_gqa.gqa_expand(wrapper, wrapper, 2, 4):
+        assert_bitwise_equal(out, oracle)
