@@ -183,7 +183,8 @@ SWEEPS: dict[str, tuple[str, dict[str, tuple[int, ...]]]] = {
 }  # fmt: skip
 
 # Points of python -m benchmarks.split_probe: long groups and batch 1 with few KV heads, where
-# the users' grid put the reduction under a same-size copy, and two short groups that reach it.
+# the users' grid put the reduction under a same-size copy (per call: 1.2-1.9 waves at batch 1),
+# and short groups that reach it (many waves).
 SPLIT_PROBE_POINTS = (
     Shape("falcon-7b-mqa-B4-N1000", 4, 1, 71, 1000, 64),
     Shape("falcon-7b-mqa-B1-N3001", 1, 1, 71, 3001, 64),
@@ -194,6 +195,12 @@ SPLIT_PROBE_POINTS = (
     Shape("starcoder2-15b-B4-N1000", 4, 4, 48, 1000, 128),
     Shape("llama3-8b-B1-N3001", 1, 8, 32, 3001, 128),
     Shape("qwen2-7b-B1-N3001", 1, 4, 28, 3001, 128),
+    Shape("starcoder2-15b-B1-N2500", 1, 4, 48, 2500, 128),
+    Shape("falcon-40b-B1-N2500", 1, 8, 128, 2500, 64),
+    Shape("chatglm3-6b-B1-N6000", 1, 2, 32, 6000, 128),
+    Shape("qwen2.5-3b-B1-N6000", 1, 2, 16, 6000, 128),
+    Shape("llama3-70b-B4-N1000", 4, 8, 64, 1000, 128),
+    Shape("llama3-8b-B8-N4095", 8, 8, 32, 4095, 128),
 )
 
 # Points for a profiler (python -m benchmarks.profile_points): the kind the users' grid put

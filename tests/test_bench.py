@@ -477,6 +477,23 @@ def test_split_probe_sums_each_group(splits: int) -> None:
     assert not torch.equal(two_pass, torch.zeros_like(two_pass))
 
 
+@pytest.mark.parametrize(("per_sm", "warps", "vec"), [(2, 1, 4), (3, 2, 8)])
+def test_persistent_probe_gives_the_kernels_bits(per_sm: int, warps: int, vec: int) -> None:
+    """The probe's balanced persistent grid sums each element in the kernel's order: the
+    kernel's bits, with shares that cross head planes and a ragged last share."""
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("the probe's kernel needs a GPU or TRITON_INTERPRET=1")
+    from benchmarks import split_probe
+    from csrc_free_ops import gqa_triton
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    grad = torch.randn(2, 14, 5, 8, device=device).to(torch.bfloat16)  # 40-element planes
+    got = split_probe.persistent_reduction(grad, 7, 3, per_sm, warps, vec)()
+    want = gqa_triton.reduce_launch(grad, None, 7)(grad, None)[0]
+    assert torch.equal(got, want)
+    assert not torch.equal(got, torch.zeros_like(got))
+
+
 @pytest.mark.parametrize(
     "device",
     [
