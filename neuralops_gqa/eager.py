@@ -126,17 +126,42 @@ def _entry(
 
 # --- the guard: which calls are plain -----------------------------------------------------
 
-_PLAIN_KEYS: set[int] = set()
-_LEARNT_DEVICES: set[str] = set()
-
 
 def _plain_tensor(x: object) -> bool:
     """Whether ``x`` is a plain dense CPU or CUDA tensor: no subclass, no conjugate, negative
     or zero-tensor bit, no functionalization or functorch wrapper, no sparse, nested or
-    quantized layout. Its dispatch keys say it; the plain ones are learnt from a fresh
-    tensor of each device type (and an inference tensor) the first time one is met."""
-    if type(x) is not Tensor:
+    quantized layout.
+
+    Read from the tensor's own attributes, which cost a cold host far less than a call into
+    the dispatcher's bindings: the wrappers have no storage of their own, so their data
+    pointer raises (``torch.func`` and legacy vmap) or is null (functionalization). A null
+    pointer is also what an empty tensor has; there the dispatch keys decide
+    (``_plain_keys``)."""
+    if (
+        type(x) is not Tensor
+        or x.layout is not _STRIDED
+        or not (x.is_cuda or x.is_cpu)
+        or x.is_conj()
+        or x.is_neg()
+        or x._is_zerotensor()
+        or x.is_nested
+        or x.is_quantized
+    ):
         return False
+    try:
+        return bool(x.data_ptr()) or _plain_keys(x)
+    except RuntimeError:  # "Cannot access data pointer of Tensor that doesn't have storage"
+        return False
+
+
+_STRIDED = torch.strided
+_PLAIN_KEYS: set[int] = set()
+_LEARNT_DEVICES: set[str] = set()
+
+
+def _plain_keys(x: Tensor) -> bool:
+    """Whether ``x``'s dispatch keys are a plain dense CPU or CUDA tensor's, learnt from a
+    fresh tensor of each device type (and an inference tensor) the first time one is met."""
     keys = _dispatch_keys(x).raw_repr()
     if keys in _PLAIN_KEYS:
         return True

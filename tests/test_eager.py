@@ -312,13 +312,17 @@ def test_the_guard_takes_plain_tensors_only(device: str) -> None:
         "torch.func.grad's wrapper": escaped[1],
         "legacy vmap's wrapper": escaped[2],
         "meta": base.to("meta"),
+        # A null data pointer: an empty tensor's, or a functionalization wrapper's of any size.
+        "empty": base[:0],
+        "empty, fresh": torch.empty(0, 4, 3, 8, device=device),
+        "empty functionalization wrapper": torch._to_functional_tensor(base[:0]),
     }
     if device == "cpu":
         tensors["quantized"] = torch.quantize_per_tensor(base, 0.1, 0, torch.qint8)
     plain = [name for name, t in tensors.items() if eager._plain_tensor(t)]
     assert plain == [
         "contiguous", "transposed", "sliced", "expanded", "requires grad", "non-leaf", "int", "bool", "inference",
-        "complex",
+        "complex", "empty", "empty, fresh",
     ]  # fmt: skip
 
 
