@@ -9,7 +9,10 @@ one kind of step back to back: taken call by call, each expansion's Python would
 after another's, which makes whichever follows Hugging Face's (all of it native code) look
 dearer than it is in a loop. ``function_floor`` (where the private internals are on) is
 ``gqa_expand``'s ``autograd.Function`` applied with its cached launch looked up once: no
-guard, no lookup, what the eager route's design can't go under. On a CPU the steps run the
+guard, no lookup, what the eager route's design can't go under; ``dispatch_key_guard`` is
+``gqa_expand`` with its guard reading each tensor's dispatch keys (two calls into PyTorch's
+pybind11 bindings per tensor) instead of the tensor's own attributes, so what the guard's
+form costs a block shows beside it. On a CPU the steps run the
 reference (the same ATen copy as Hugging Face's), so the differences there are host cost
 alone, though not a GPU host's figures.
 
@@ -93,33 +96,43 @@ def staged_block(
     shape: cases.Shape, dtype: torch.dtype, device: str
 ) -> dict[str, Callable[[list[list[int]]], None]]:
     """expansion -> ``run(samples)``: one forward + backward, each step's nanoseconds appended
-    to ``samples``; ``function_floor`` too where the private internals are on."""
+    to ``samples``; ``function_floor`` and ``dispatch_key_guard`` too where the private
+    internals are on."""
     q = shape.tensors(dtype, device, shape.heads, True)[0]
     k, v = shape.tensors(dtype, device, requires_grad=True)
     grad = torch.randn_like(q)
     expand = {name: expansion(name, shape.n_rep) for name in EXPANSIONS}
+    checks: dict[str, Callable[[object], bool]] = {}
     if eager._ExpandFunction is not None:
         entry = eager._entry("gqa_expand", k, v, shape.kv_heads, shape.heads)
         apply = eager._ExpandFunction.apply
         expand["function_floor"] = lambda k, v: apply(k, v, entry)
+        expand["dispatch_key_guard"] = expand["neuralops_gqa_expand"]
+        checks["dispatch_key_guard"] = lambda x: type(x) is Tensor and eager._plain_keys(x)
     scale = shape.dim**-0.5
     clock = time.perf_counter_ns
 
     def staged(
-        expansion: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
+        expansion: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], check: Callable[[object], bool] | None
     ) -> Callable[[list[list[int]]], None]:
         def run(samples: list[list[int]]) -> None:
-            marks = [clock()]
-            ke, ve = expansion(k, v)
-            marks.append(clock())
-            out = consumer(q, ke, ve, scale, marks)
-            torch.autograd.grad(out, (q, k, v), grad)
-            marks.append(clock())
+            kept = eager._plain_tensor
+            if check is not None:  # the guard's tensor check swapped for the step, backward included
+                eager._plain_tensor = check  # type: ignore[assignment]
+            try:
+                marks = [clock()]
+                ke, ve = expansion(k, v)
+                marks.append(clock())
+                out = consumer(q, ke, ve, scale, marks)
+                torch.autograd.grad(out, (q, k, v), grad)
+                marks.append(clock())
+            finally:
+                eager._plain_tensor = kept
             _record(marks, samples)
 
         return run
 
-    return {name: staged(expansion) for name, expansion in expand.items()}
+    return {name: staged(expansion, checks.get(name)) for name, expansion in expand.items()}
 
 
 def preceded_steps(

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from benchmarks import bench, cases, docs_blocks, peers, report, results, run_all, targets, timing
+from neuralops_gqa import eager
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIS = (
@@ -514,8 +515,9 @@ def test_block_stages_times_every_step_of_every_expansion_and_the_steps_after_it
 
     block_stages.main(["--device", device, "--calls", "3", "--turn", "2", "--out", str(tmp_path)])
     report = json.loads((tmp_path / "block-stages.json").read_text())
-    # The eager route's floor, its autograd.Function alone, where there is an eager route.
-    floor = ["function_floor"] if ENABLED else []
+    # The eager route's floor, its autograd.Function alone, and its guard in the dispatch-key
+    # form, where there is an eager route.
+    floor = ["function_floor", "dispatch_key_guard"] if ENABLED else []
     assert list(report["us"]) == [*block_stages.EXPANSIONS, *floor] and report["turn"] == 2
     for steps in report["us"].values():
         assert list(steps) == list(block_stages.STEPS) and all(us > 0 for us in steps.values())
@@ -524,6 +526,30 @@ def test_block_stages_times_every_step_of_every_expansion_and_the_steps_after_it
     assert list(report["after"]) == ["nothing", *block_stages.EXPANSIONS, *launch]
     for steps in report["after"].values():
         assert list(steps) == list(block_stages.AFTER_STEPS) and all(us > 0 for us in steps.values())
+
+
+@pytest.mark.skipif(eager._ExpandFunction is None, reason="no eager route with the private internals off")
+def test_block_stages_swaps_the_guards_tensor_check_for_its_column_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``dispatch_key_guard`` runs its whole step (forward and backward) with the guard reading
+    dispatch keys, and puts the guard back after it; the other columns never read them."""
+    from benchmarks import block_stages
+
+    reads: list[int] = []
+    keys = eager._plain_keys
+    monkeypatch.setattr(eager, "_plain_keys", lambda x: reads.append(1) or keys(x))
+    check = eager._plain_tensor
+    shape = cases.ATTENTION[0].scaled(2**14, 4)
+    runs = block_stages.staged_block(shape, torch.float32, "cpu")
+    counts = {}
+    for name, run in runs.items():
+        reads.clear()
+        run([[] for _ in block_stages.STEPS])
+        counts[name] = len(reads)
+        assert eager._plain_tensor is check
+    # k and v in the forward, their two gradients in the backward.
+    assert counts == {name: 4 if name == "dispatch_key_guard" else 0 for name in runs}
 
 
 def test_block_stages_runs_each_expansion_in_turns_of_calls_in_a_row() -> None:
