@@ -128,9 +128,9 @@ def _entry(
 
 
 def _plain_tensor(x: object) -> bool:
-    """Whether ``x`` is a plain dense CPU or CUDA tensor: no subclass, no conjugate, negative
-    or zero-tensor bit, no functionalization or functorch wrapper, no sparse, nested or
-    quantized layout.
+    """Whether ``x`` is a plain dense CPU or CUDA tensor: no subclass (nor the Python
+    dispatch key one leaves behind), no conjugate, negative or zero-tensor bit, no
+    functionalization or functorch wrapper, no sparse, nested or quantized layout.
 
     Read from the tensor's own attributes, which cost a cold host far less than a call into
     the dispatcher's bindings: the wrappers have no storage of their own, so their data
@@ -146,6 +146,7 @@ def _plain_tensor(x: object) -> bool:
         or x._is_zerotensor()
         or x.is_nested
         or x.is_quantized
+        or x._python_dispatch  # type: ignore[attr-defined]  # a dispatch subclass swapped to Tensor
     ):
         return False
     try:

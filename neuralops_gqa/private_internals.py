@@ -122,6 +122,9 @@ def _probe_autograd() -> AutogradInternals:
     plain, negative = torch.empty(1), torch.empty(1)._neg_view()
     if found.dispatch_keys(plain).raw_repr() == found.dispatch_keys(negative).raw_repr():
         raise RuntimeError("a tensor's dispatch keys don't show its negative bit")
+    # The private tensor attributes the eager guard reads besides the public ones.
+    if plain._is_zerotensor() or plain._python_dispatch or not negative.is_neg():  # type: ignore[attr-defined]
+        raise RuntimeError("a tensor's zero-tensor, Python-dispatch or negative bit reads wrong")
     if found.function_modes() or found.profiling():
         raise RuntimeError("the torch-function mode or profiler state reads wrong at import")
     return found

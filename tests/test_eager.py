@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 import torch
@@ -269,6 +270,18 @@ class _Subclass(Tensor):
     pass
 
 
+class _DispatchSubclass(Tensor):
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
+def _swapped_to_tensor(x: Tensor) -> Tensor:
+    """``x`` with its class set to ``Tensor``: the Python dispatch key stays on it."""
+    x.__class__ = Tensor
+    return x
+
+
 @needs_internals
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
 @pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state")
@@ -306,6 +319,8 @@ def test_the_guard_takes_plain_tensors_only(device: str) -> None:
         "sparse csr": base[0, 0].to_sparse_csr(),
         "nested": torch.nested.nested_tensor([base[0], base[1]]),
         "subclass": base.as_subclass(_Subclass),
+        "dispatch subclass, class swapped to Tensor": _swapped_to_tensor(base.as_subclass(_DispatchSubclass)),
+        "jagged nested": torch.nested.nested_tensor([base[0], base[1, :, :2]], layout=torch.jagged),
         "parameter": torch.nn.Parameter(base),
         "functionalization wrapper": torch._to_functional_tensor(base),
         "torch.func.vmap's wrapper": escaped[0],
