@@ -565,7 +565,6 @@ def test_block_stages_runs_each_expansion_in_turns_of_calls_in_a_row() -> None:
 
 def test_call_steps_times_the_eager_path_step_by_step(tmp_path: Path) -> None:
     from benchmarks import call_steps
-    from neuralops_gqa import eager
 
     call_steps.main(["--device", "cpu", "--quick", "--out", str(tmp_path)])
     report = json.loads((tmp_path / "call-steps.json").read_text())
