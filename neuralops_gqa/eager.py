@@ -35,7 +35,7 @@ from csrc_free_ops.private_internals import ENABLED, ENV
 from csrc_free_ops.reference import expand_reference, reduce_reference, reshape_copies
 from neuralops_gqa import private_internals, transforms
 from neuralops_gqa.backend import BACKEND_ENV, backend, triton_kernels, use_triton
-from neuralops_gqa.validation import check_inputs, check_tensor
+from neuralops_gqa.validation import check_inputs, check_memory, check_tensor
 
 Pair = tuple[Tensor, Tensor]
 # (a, b or None) -> (a's result, b's result or None)
@@ -136,7 +136,8 @@ def _plain_tensor(x: object) -> bool:
     the dispatcher's bindings: the wrappers have no storage of their own, so their data
     pointer raises (``torch.func`` and legacy vmap) or is null (functionalization). A null
     pointer is also what an empty tensor has; there the dispatch keys decide
-    (``_plain_keys``)."""
+    (``_plain_keys``). A plain tensor with elements and a null pointer has had its storage
+    freed: not plain, so the registered op's kernels refuse it by name."""
     if (
         type(x) is not Tensor
         or x.layout is not _STRIDED
@@ -150,7 +151,7 @@ def _plain_tensor(x: object) -> bool:
     ):
         return False
     try:
-        return bool(x.data_ptr()) or _plain_keys(x)
+        return bool(x.data_ptr()) or (x.numel() == 0 and _plain_keys(x))
     except RuntimeError:  # "Cannot access data pointer of Tensor that doesn't have storage"
         return False
 
@@ -320,12 +321,28 @@ def _refuse_tangents(op: str, a: Tensor, b: Tensor) -> None:
         )
 
 
+def _check_memory(op: str, a: Tensor, b: Tensor) -> None:
+    names = transforms.NAMES[op]
+    check_memory(op, names[0], a)
+    check_memory(op, names[1], b)
+
+
+def memory_freed(x: object) -> bool:
+    """Whether ``x`` is a plain tensor whose storage was freed (elements, a null pointer); False
+    without the private internals, which tell it from a functionalization wrapper."""
+    if _internals is None or type(x) is not Tensor or not x.numel() or not _plain_keys(x):
+        return False
+    return not x.data_ptr()
+
+
 def _device_kernel(op: str) -> Callable[[Tensor, Tensor, int, int], Pair]:
     def impl(a: Tensor, b: Tensor, num_kv_heads: int, num_heads: int) -> Pair:
         if type(a) is not Tensor or type(b) is not Tensor:  # None (the schema lets it through)
             check_inputs(op, transforms.NAMES[op], a, b, num_kv_heads, num_heads)
         if not ENABLED:
             _refuse_tangents(op, a, b)
+        if not (a.data_ptr() and b.data_ptr()):  # empty, a zero-width partner, or freed memory
+            _check_memory(op, a, b)
         out_a, out_b = _entry(op, a, b, num_kv_heads, num_heads).run(a, b)
         return out_a, out_b  # type: ignore[return-value]
 
@@ -415,6 +432,8 @@ def autograd_kernel(name: str) -> Callable[..., Pair] | None:
         if direct and forward_ad_level() < 0:
             differentiated = grad and (a.requires_grad or b.requires_grad)
             if expanding and differentiated:
+                if not (a.data_ptr() and b.data_ptr()):
+                    _check_memory(name, a, b)
                 return _ExpandFunction.apply(a, b, _entry(name, a, b, num_kv_heads, num_heads))  # type: ignore[no-any-return]
             if not differentiated:
                 return impl(a, b, num_kv_heads, num_heads)

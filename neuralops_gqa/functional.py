@@ -7,7 +7,7 @@ from torch import Tensor
 
 from neuralops_gqa import eager
 from neuralops_gqa.backend import backend
-from neuralops_gqa.validation import check_head_counts, check_inputs, check_tensor
+from neuralops_gqa.validation import check_head_counts, check_inputs, check_memory, check_tensor
 
 
 def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
@@ -109,6 +109,8 @@ def repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
         message = f"repeat_kv: n_rep must be a positive int, got {n_rep}"
         torch._check_value(False, lambda: message)
     batch, kv_heads, seq, dim = hidden_states.shape
+    if n_rep > 1 and kv_heads > 1 and not torch.compiler.is_compiling() and eager.memory_freed(hidden_states):
+        check_memory("repeat_kv", "hidden_states", hidden_states)  # in its words, not the op's
     if n_rep == 1 or kv_heads == 1:
         backend()  # a bad NEURALOPS_GQA_BACKEND fails every call, these too
         return hidden_states if n_rep == 1 else hidden_states.expand(batch, n_rep, seq, dim)

@@ -75,6 +75,17 @@ def check_tensor(op: str, name: str, x: object, gradient: bool = False) -> None:
         raise ValueError(f"{op}: {name} must have a real dtype, got {x.dtype}")
 
 
+def check_memory(op: str, name: str, x: Tensor) -> None:
+    """Raise a ``RuntimeError`` naming ``x`` if it has elements but no memory: its storage
+    was resized to 0 bytes after it was made (how FSDP frees a parameter's), so its data
+    pointer is null and a kernel would read address 0. For the CPU and CUDA tensors the
+    device kernels get (a wrapper's null pointer means something else)."""
+    if not x.data_ptr() and x.numel():
+        raise RuntimeError(
+            f"{op}: {name} has {x.numel()} elements but no memory: its storage was resized to 0 bytes"
+        )
+
+
 def check_head_counts(op: str, num_kv_heads: object, num_heads: object) -> None:
     """Raise a ``TypeError`` naming the argument unless both head counts are integers
     (an ``int``, a symbolic size, or anything with ``__index__``; never a ``bool``)."""

@@ -374,3 +374,50 @@ def test_repeat_kv_refuses_a_bad_backend_on_every_route(monkeypatch: pytest.Monk
     for x, n_rep in ((_t(1, 2, 3, 4), 1), (_t(1, 1, 3, 4), 4), (_t(1, 2, 3, 4), 2)):
         with pytest.raises(ValueError, match=f"{BACKEND_ENV} must be one of"):
             neuralops_gqa.repeat_kv(x, n_rep)
+
+
+def _freed(*shape: int, requires_grad: bool = False) -> torch.Tensor:
+    """A tensor whose storage was resized to 0 bytes after it was made (how FSDP frees a
+    parameter's memory): its sizes stand, its data pointer is null."""
+    x = torch.randn(*shape, device=DEVICE)
+    x.untyped_storage().resize_(0)
+    return x.requires_grad_(requires_grad)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no-grad", "grad"])
+def test_a_tensor_whose_memory_was_freed_is_refused(backend: str, requires_grad: bool) -> None:
+    """Every route refuses a tensor with elements but no memory, naming it, before a kernel
+    or ATen's copy reads address 0 (stock's copy crashes on one), also where a healthy
+    tensor of the same layout ran first and its launch is cached."""
+    # repeat_kv names its own argument where the private internals tell a freed tensor from
+    # a functionalization wrapper (both have a null pointer); elsewhere the op's, k.
+    one = "repeat_kv: hidden_states" if private_internals.ENABLED else "gqa_expand: k"
+    calls: dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], object], str, str]] = {
+        "gqa_expand": (lambda k, v: neuralops_gqa.gqa_expand(k, v, 2, 4), "gqa_expand: k", "gqa_expand: v"),
+        "torch.ops": (
+            lambda k, v: torch.ops.neuralops.gqa_expand(k, v, 2, 4),
+            "gqa_expand: k",
+            "gqa_expand: v",
+        ),
+        "repeat_kv": (lambda k, v: (neuralops_gqa.repeat_kv(k, 2), neuralops_gqa.repeat_kv(v, 2)), one, one),
+    }
+    for route, (call, *names) in calls.items():
+        for which, name in enumerate(names):
+            healthy = [_t(2, 2, 3, 4, device=DEVICE).requires_grad_(requires_grad) for _ in range(2)]
+            call(*healthy)
+            args = [
+                _freed(2, 2, 3, 4, requires_grad=requires_grad) if i == which else t
+                for i, t in enumerate(healthy)
+            ]
+            with pytest.raises(RuntimeError, match=f"{name} has 48 elements but no memory"):
+                call(*args)
+                pytest.fail(f"{route}: no error")
+    grads = [_t(2, 4, 3, 4, device=DEVICE) for _ in range(2)]
+    torch.ops.neuralops.gqa_reduce(*grads, 2, 4)
+    with pytest.raises(RuntimeError, match="gqa_reduce: grad_v has 96 elements but no memory"):
+        torch.ops.neuralops.gqa_reduce(grads[0], _freed(2, 4, 3, 4), 2, 4)
+    if requires_grad:  # a freed gradient handed to the backward
+        k, v = (_t(2, 2, 3, 4, device=DEVICE).requires_grad_() for _ in range(2))
+        with pytest.raises(RuntimeError, match="gqa_reduce: grad_k has 96 elements but no memory"):
+            torch.autograd.grad(neuralops_gqa.gqa_expand(k, v, 2, 4), (k, v), (_freed(2, 4, 3, 4), grads[1]))
+    _device_still_works()
