@@ -17,7 +17,7 @@ trace was started with, not symbols.
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import SymBool, SymInt, Tensor, strided
 
 from neuralops_gqa import private_internals
 
@@ -29,7 +29,7 @@ _DIMS = ((0, "batch"), (1, "head"), (2, "sequence"))
 
 def _shown(value: object) -> object:
     """A size as the user gave it: a symbolic size's example value, a shape's sizes as ints."""
-    if isinstance(value, torch.SymInt):
+    if isinstance(value, SymInt):
         example = private_internals.symbolic_example_value(value)
         return value if example is None else example
     if isinstance(value, tuple):  # torch.Size too
@@ -44,7 +44,7 @@ def _require(cond: object, template: str, *values: object, error: type[Exception
     ``torch._check_with`` (a ``ValueError`` or ``RuntimeError`` under ``torch.export``; dynamo
     wraps it in a ``RuntimeError`` subclass that carries the message).
     """
-    if not isinstance(cond, torch.SymBool):
+    if not isinstance(cond, SymBool):
         if cond:
             return
         raise error(template.format(*(_shown(v) for v in values)))
@@ -67,7 +67,7 @@ def check_tensor(op: str, name: str, x: object, gradient: bool = False) -> None:
         )
     if x.dim() != 4:
         raise ValueError(f"{op}: {name} must be 4-D [B, H, N, D], got shape {_shown(x.shape)}")
-    if x.layout != torch.strided or x.is_quantized:
+    if x.layout != strided or x.is_quantized:
         raise ValueError(f"{op}: {name} must be a dense tensor, got layout {x.layout} and dtype {x.dtype}")
     if gradient and x.dtype not in REDUCE_DTYPES:
         raise ValueError(f"{op}: {name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
@@ -91,7 +91,7 @@ def check_head_counts(op: str, num_kv_heads: object, num_heads: object) -> None:
     (an ``int``, a symbolic size, or anything with ``__index__``; never a ``bool``)."""
     for name, value in (("num_kv_heads", num_kv_heads), ("num_heads", num_heads)):
         if isinstance(value, bool) or not (
-            isinstance(value, (int, torch.SymInt)) or hasattr(type(value), "__index__")
+            isinstance(value, (int, SymInt)) or hasattr(type(value), "__index__")
         ):
             raise TypeError(f"{op}: {name} must be an int, got {type(value).__name__} {value!r}")
 

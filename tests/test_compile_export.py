@@ -95,6 +95,27 @@ def test_block_has_no_graph_breaks(device: str) -> None:
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_entry_points_add_no_python_guard(device: str, dynamic: bool) -> None:
+    """A compiled call of the Python entry points is guarded in C++ only: no object of ours is
+    reached under two names (dynamo then adds an aliasing guard it evaluates in Python on
+    every call of the compiled code)."""
+    k, v = (torch.randn(2, 2, 5, 8, device=device) for _ in range(2))
+    if dynamic:
+        for x in (k, v):
+            torch._dynamo.mark_dynamic(x, 0)
+            torch._dynamo.mark_dynamic(x, 2)
+    calls = {
+        "gqa_expand": lambda k, v: neuralops_gqa.gqa_expand(k, v, 2, 4),
+        "repeat_kv": lambda k, v: (neuralops_gqa.repeat_kv(k, 2), neuralops_gqa.repeat_kv(v, 2)),
+    }
+    for name, call in calls.items():
+        torch._dynamo.reset()
+        explanation = torch._dynamo.explain(call)(k, v)
+        aliased = [g.name for g in explanation.out_guards if g.create_fn_name() == "DUPLICATE_INPUT"]
+        assert explanation.graph_count == 1 and not aliased, (name, aliased)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune-no-cudagraphs"])
 def test_compiled_block(device: str, mode: str, dynamic: bool) -> None:
     """A Llama-style block (projections, the op, SDPA, output projection) in each compile
