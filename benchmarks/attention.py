@@ -6,6 +6,9 @@ float32 softmax, matmul). The expansions:
   hf                    Hugging Face's repeat_kv with its real output: a copy, or with one KV
                         head a broadcast view, which SDPA reads in place and matmul copies
                         itself unless the batch is 1
+  hf_again              the same block again, a function of its own (so compiled, a graph of
+                        its own): how far two identical blocks read apart in one run, the
+                        spread of every ratio to hf
   neuralops_repeat_kv   neuralops_gqa.repeat_kv on k, then on v (the same choice)
   neuralops_gqa_expand  neuralops_gqa.gqa_expand, k and v in one call (always a copy)
   enable_gqa            SDPA only: its own grouped-query support, no copy at all (the anchor)
@@ -33,7 +36,7 @@ from benchmarks import cases, cli, peers, results, timing
 from benchmarks.cases import Shape
 
 CONSUMERS = ("sdpa", "eager")
-EXPANSIONS = ("hf", "neuralops_repeat_kv", "neuralops_gqa_expand", "enable_gqa")
+EXPANSIONS = ("hf", "hf_again", "neuralops_repeat_kv", "neuralops_gqa_expand", "enable_gqa")
 
 
 @functools.cache
@@ -49,7 +52,7 @@ def block(consumer: str, expansion: str) -> Callable[[Tensor, Tensor, Tensor], T
             k, v = neuralops_gqa.gqa_expand(k, v, k.shape[1], q.shape[1])
         elif expansion == "neuralops_repeat_kv":
             k, v = neuralops_gqa.repeat_kv(k, n_rep), neuralops_gqa.repeat_kv(v, n_rep)
-        else:
+        else:  # hf, hf_again
             k, v = peers.hf(k, v, n_rep)
         if consumer == "sdpa":
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)

@@ -105,6 +105,7 @@ def test_cpu_attention_and_users_shapes_scale_down(cpu_run: Path) -> None:
                                                                          for m in ("eager", "compiled")}  # fmt: skip
     assert {r["expansion"] for r in attention["rows"]} == {
         "hf",
+        "hf_again",
         "neuralops_repeat_kv",
         "neuralops_gqa_expand",
         "enable_gqa",
