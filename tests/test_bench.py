@@ -12,6 +12,7 @@ import copy
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 import torch
 
+import neuralops_gqa
 from benchmarks import bench, cases, docs_blocks, peers, report, results, run_all, targets, timing
 from neuralops_gqa import eager
 
@@ -36,6 +38,7 @@ CLIS = (
     "split_probe",
     "block_stages",
     "call_steps",
+    "ab",
 )
 TINY = ["--device", "cpu", "--max-mb", "0.05", "--quick", "--compile-backend", "eager"]
 
@@ -242,7 +245,7 @@ def test_help_is_complete(capsys: pytest.CaptureFixture[str], module: str) -> No
     assert exc.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "``" not in text and ":mod:" not in text
-    if module not in ("report", "profile_points", "split_probe"):
+    if module not in ("report", "profile_points", "split_probe", "ab"):
         assert "--device {cuda,cpu} where to run (default: " in text
     expected = {
         "bench": [s.name for s in cases.SHAPES] + ["kernels, host, compiled, memory", "bfloat16 (bf16)", "(default: bfloat16)"],
@@ -254,6 +257,7 @@ def test_help_is_complete(capsys: pytest.CaptureFixture[str], module: str) -> No
         "profile_points": ["ncu --clock-control none", "PROFILE_POINTS"],
         "block_stages": [c.name for c in cases.ATTENTION] + ["(default: gqa-small)", "(default: 1000)"],
         "call_steps": ["NEURALOPS_GQA_PRIVATE_INTERNALS=0", "call-steps.json", "--quick"],
+        "ab": ["git archive REV", "{out}", "(default: 3)", "head / base"],
         "split_probe": [s.name for s in cases.SPLIT_PROBE_POINTS] + ["--profile", "(default: bench-out)"],
     }[module]  # fmt: skip
     missing = [word for word in expected if word not in text]
@@ -584,3 +588,76 @@ def test_call_steps_times_the_eager_path_step_by_step(tmp_path: Path) -> None:
     assert names == public + (steps if eager._ExpandFunction is not None else [])
     assert all(row["us"] > 0 and row["what"] for row in report["rows"])
     assert report["shape"] == cases.SMALL.scaled(int(0.01 * 2**20), 4).describe()
+
+
+def _tree_copy(dest: Path) -> Path:
+    """The checkout's code (package, kernels, benchmarks) copied to ``dest``."""
+    for part in ("neuralops_gqa", "csrc_free_ops", "benchmarks"):
+        shutil.copytree(ROOT / part, dest / part, ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
+@pytest.mark.slow
+def test_ab_runs_each_side_from_its_own_tree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each side's processes import their own tree's package (the base's version is marked),
+    in alternating order, and every float of the result rows is compared."""
+    base = _tree_copy(tmp_path / "base")
+    init = base / "neuralops_gqa" / "__init__.py"
+    init.write_text(
+        init.read_text().replace(f'__version__ = "{neuralops_gqa.__version__}"', '__version__ = "0.0.0+base"')
+    )
+    out = tmp_path / "out"
+    command = ["benchmarks.bench", "--device", "cpu", "--parts", "host", "--max-mb", "0.01", "--dtypes", "float32",
+               "--out", "{out}"]  # fmt: skip
+    assert _main("ab")(["--base", str(base), "--out", str(out), "--rounds", "2", "--", *command]) == 0
+    printed = capsys.readouterr().out
+    assert printed.index("[round 1] base") < printed.index("[round 1] head") < printed.index("[round 2] head")
+    assert printed.index("[round 2] head") < printed.index("[round 2] base")
+    for side, version in (("base", "0.0.0+base"), ("head", neuralops_gqa.__version__)):
+        for i in (1, 2):
+            assert (
+                json.loads((out / f"{side}-{i}" / "bench.json").read_text())["machine"]["neuralops_gqa"]
+                == version
+            )
+    rows = json.loads((out / "ab.json").read_text())["rows"]
+    host = {row["row"].split()[0]: row for row in rows if row["field"] == "us"}
+    assert {"expand", "repeat_kv_pair", "hf"} <= set(host)
+    for row in host.values():
+        assert len(row["values"]["base"]) == len(row["values"]["head"]) == 2
+        assert row["head_over_base"] == pytest.approx(row["head"] / row["base"])
+    assert "| bench.json | hf " in (out / "ab.md").read_text()
+
+
+@pytest.mark.slow
+def test_ab_stops_where_a_side_imports_another_trees_package(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "neuralops_gqa").symlink_to(ROOT / "neuralops_gqa")  # resolves to this checkout
+    command = ["benchmarks.bench", "--device", "cpu", "--parts", "host", "--out", "{out}"]
+    assert (
+        _main("ab")(["--base", str(base), "--out", str(tmp_path / "out"), "--rounds", "1", "--", *command])
+        == 1
+    )
+    err = capsys.readouterr().err
+    assert f"neuralops_gqa was imported from {ROOT / 'neuralops_gqa'}" in err
+    assert "the base run of round 1 failed" in err
+
+
+def test_ab_refuses_a_base_without_the_package_or_a_command_without_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def refused(argv: list[str]) -> str:
+        with pytest.raises(SystemExit) as exc:
+            _main("ab")(argv)
+        assert exc.value.code == 2
+        return capsys.readouterr().err.strip().splitlines()[-1]
+
+    command = ["benchmarks.bench", "--out", "{out}"]
+    assert "give a folder that holds neuralops_gqa/" in refused(["--base", str(tmp_path), "--", *command])
+    assert "--base is this checkout" in refused(["--base", str(ROOT), "--", *command])
+    base = _tree_copy(tmp_path / "base")
+    assert "must write into {out}" in refused(
+        ["--base", str(base), "--", "benchmarks.bench", "--device", "cpu"]
+    )

@@ -29,7 +29,7 @@ LAYERS = {
         "call_steps",
     },
     "rendering": {"report", "docs_blocks"},
-    "entry points": {"bench", "run_all"},
+    "entry points": {"bench", "run_all", "ab"},
 }
 MAY_IMPORT = {
     "base": {"base"},
