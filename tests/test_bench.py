@@ -634,7 +634,8 @@ def test_ab_stops_where_a_side_imports_another_trees_package(
 ) -> None:
     base = tmp_path / "base"
     base.mkdir()
-    (base / "neuralops_gqa").symlink_to(ROOT / "neuralops_gqa")  # resolves to this checkout
+    for package in ("neuralops_gqa", "csrc_free_ops"):  # resolve to this checkout
+        (base / package).symlink_to(ROOT / package)
     command = ["benchmarks.bench", "--device", "cpu", "--parts", "host", "--out", "{out}"]
     assert (
         _main("ab")(["--base", str(base), "--out", str(tmp_path / "out"), "--rounds", "1", "--", *command])
