@@ -5,10 +5,10 @@ code to compare against: another checkout, or ``git archive REV | tar -x -C DIR`
 this checkout (``head``). ``{out}`` in ARGS becomes the run's own folder,
 OUT/<side>-<round>. The order alternates each round (base first, then head first), so a
 drift of the machine falls on both sides. Each process runs in its tree, with that tree
-alone ahead of the installed packages on ``sys.path``, and stops if ``neuralops_gqa`` came
-from anywhere else: ``python -m`` puts the working directory first on ``sys.path``, so a
-process started from the wrong folder runs the other side's code and a comparison of the
-same code passes for a before and after.
+alone ahead of the installed packages on ``sys.path``, and stops if ``neuralops_gqa``,
+``csrc_free_ops`` or ``benchmarks`` came from anywhere else: ``python -m`` puts the working
+directory first on ``sys.path``, so a process started from the wrong folder runs the other
+side's code and a comparison of the same code passes for a before and after.
 
 Then every float of every result row (the ``rows`` lists of the JSON files each run wrote)
 is reported per side as the median over rounds, with the ratio head / base: ab.json and
@@ -32,14 +32,14 @@ HEAD = Path(__file__).resolve().parent.parent
 
 # Runs MODULE as __main__ from TREE once neuralops_gqa is known to come from TREE.
 _BOOT = """
-import os, runpy, sys
+import importlib, os, runpy, sys
 tree, module = os.path.realpath(sys.argv[1]), sys.argv[2]
 sys.argv = [module, *sys.argv[3:]]
 sys.path.insert(0, tree)
-import neuralops_gqa
-where = os.path.realpath(neuralops_gqa.__file__)
-if not where.startswith(tree + os.sep):
-    sys.exit(f"benchmarks.ab: neuralops_gqa was imported from {where}, not from {tree}")
+for name in ("neuralops_gqa", "csrc_free_ops", "benchmarks"):
+    where = os.path.realpath(importlib.import_module(name).__file__)
+    if where != os.path.join(tree, name, "__init__.py"):  # exactly: a base may lie inside head
+        sys.exit(f"benchmarks.ab: {name} was imported from {where}, not from {tree}")
 runpy.run_module(module, run_name="__main__", alter_sys=True)
 """
 
