@@ -652,6 +652,16 @@ def expand_forward(
     return k_out, v_out
 
 
+def _traced_sum_result(grad: Tensor, heads: int) -> Tensor:
+    """A traced reduction's result. One with no elements is copied from an empty slice of its
+    gradient rather than allocated: an allocation depends on nothing, so the partitioner would
+    move it into the compiled forward and save it for the backward."""
+    shape = (grad.shape[0], heads, grad.shape[2], grad.shape[3])
+    if any(isinstance(size, int) and size == 0 for size in shape):
+        return grad[:, :heads].clone(memory_format=torch.contiguous_format)
+    return grad.new_empty(shape)
+
+
 def reduce_backward(
     grad_k: Tensor, grad_v: Tensor, n_rep: int, traced: bool = False, settings: LaunchSettings = DEFAULT
 ) -> tuple[Tensor, Tensor]:
@@ -661,8 +671,7 @@ def reduce_backward(
         assert gv_out is not None
         return gk_out, gv_out
     k_shape, v_shape = grad_k.shape, grad_v.shape
-    gk_out = grad_k.new_empty((k_shape[0], k_shape[1] // n_rep, k_shape[2], k_shape[3]))
-    gv_out = grad_v.new_empty((v_shape[0], v_shape[1] // n_rep, v_shape[2], v_shape[3]))
+    gk_out, gv_out = (_traced_sum_result(grad, k_shape[1] // n_rep) for grad in (grad_k, grad_v))
     plan = _reduce_plan(k_shape, grad_k.stride(), grad_k.dtype, v_shape, grad_v.stride(), grad_v.dtype, n_rep,
                             _device_props(grad_k.device), settings)  # fmt: skip
     if plan is not None:

@@ -14,6 +14,7 @@ and serve the ``torch.autograd.Function`` that the op's own autograd kernel appl
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -80,14 +81,24 @@ def setup_context_for(
 
 def pair_or_empty(a: Tensor | None, b: Tensor | None) -> Pair:
     """Stand in a zero-width tensor for a missing gradient: it passes the checks and costs nothing."""
-    # new_empty, not a slice: slicing a DTensor sharded on the last dim (Shard(3)) to zero
-    # width gathers it from every rank first.
     if a is None:
         assert b is not None
-        a = b.new_empty((*b.shape[:3], 0))
+        a = _zero_width(b)
     if b is None:
-        b = a.new_empty((*a.shape[:3], 0))
+        b = _zero_width(a)
     return a, b
+
+
+def _zero_width(like: Tensor) -> Tensor:
+    """``like`` cut to zero width: a view of it, so a compiled backward computes the stand-in
+    from the gradient (an allocation depends on nothing, and the partitioner would move it
+    into the forward and save it for the backward). A DTensor gets a new empty one: slicing a
+    DTensor sharded on the last dim (Shard(3)) to zero width gathers it from every rank."""
+    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+    is_dtensor = dtensor is not None and isinstance(like, dtensor)
+    if is_dtensor:
+        return like.new_empty((*like.shape[:3], 0))
+    return like[..., :0]
 
 
 def backward_of(name: str) -> Callable[[Ctx, Tensor | None, Tensor | None], Grads]:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,89 @@ def test_compiled_block(device: str, mode: str, dynamic: bool) -> None:
                 torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
     if device == "cuda" and mode == "reduce-overhead":
         assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+
+
+def _hf_pair(
+    k: torch.Tensor, v: torch.Tensor, kv_heads: int, heads: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hugging Face's ``repeat_kv`` on k and on v: a broadcast view, reshaped."""
+
+    def repeat(x: torch.Tensor) -> torch.Tensor:
+        b, h, n, d = x.shape
+        return x[:, :, None].expand(b, h, heads // kv_heads, n, d).reshape(b, heads, n, d)
+
+    return repeat(k), repeat(v)
+
+
+def _repeat_kv_pair(
+    k: torch.Tensor, v: torch.Tensor, kv_heads: int, heads: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return neuralops_gqa.repeat_kv(k, heads // kv_heads), neuralops_gqa.repeat_kv(v, heads // kv_heads)
+
+
+@torch.library.custom_op("neuralops_test::reduce_into", mutates_args=("gk_out", "gv_out"))
+def _reduce_into(
+    grad_k: torch.Tensor, grad_v: torch.Tensor, gk_out: torch.Tensor, gv_out: torch.Tensor
+) -> None:
+    """The reduction kernel's launch as a CPU graph sees it: an op that writes its outputs in place."""
+    for grad, out in ((grad_k, gk_out), (grad_v, gv_out)):
+        if out.numel():
+            out.copy_(grad.unflatten(1, (out.shape[1], -1)).sum(2))
+
+
+class _LaunchOnCPU:
+    """``wrap_triton(reduce_bwd_kernel)[grid](...)`` on a CPU: ``_reduce_into`` on the tensors."""
+
+    def __getitem__(self, grid: object) -> Callable[..., None]:
+        return lambda grad_k, grad_v, gk_out, gv_out, *scalars, **meta: _reduce_into(
+            grad_k, grad_v, gk_out, gv_out
+        )
+
+
+def _saved_by_compiled_step(expand: Expand, device: str, backend: str) -> list[tuple[int, ...]]:
+    """The shapes a compiled block's forward saves for its backward; its output and
+    gradients checked against the uncompiled block's."""
+    torch._dynamo.reset()
+    block = _block(device, expand)
+    x = torch.randn(2, 12, 64, device=device, requires_grad=True)
+    saved: list[tuple[int, ...]] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out, grads = _step(torch.compile(block, fullgraph=True, backend=backend), x)
+    ref_out, ref_grads = _step(block, x)
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+    return sorted(saved)
+
+
+def test_compiled_repeat_kv_saves_what_stock_saves(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compiled block with ``repeat_kv`` saves the same tensors for its backward as the same
+    block with Hugging Face's ``repeat_kv``: the zero-width stand-ins for the partner that
+    ``repeat_kv``'s one tensor leaves out, and their sums, are made in the backward from the
+    gradient, not allocated (an allocation depends on nothing, and the partitioner moves it
+    into the forward and saves it). On CUDA Inductor compiles the kernel's launch; on a CPU,
+    where compiled graphs launch no Triton kernel, the traced body's launch is stood in by an
+    op that writes its outputs in place, and the graphs are partitioned the same way."""
+    backend = "inductor"
+    if device == "cpu":
+        gqa_triton = pytest.importorskip("csrc_free_ops.gqa_triton", reason="triton is not installed")
+        wrap = torch.library.wrap_triton
+        monkeypatch.setattr(
+            torch.library,
+            "wrap_triton",
+            lambda kernel: _LaunchOnCPU() if kernel is gqa_triton.reduce_bwd_kernel else wrap(kernel),
+        )
+        monkeypatch.setattr(neuralops_gqa.ops, "_launches_kernel", lambda x: True)
+        backend = "aot_eager_decomp_partition"
+    stock = _saved_by_compiled_step(_hf_pair, device, backend)
+    ours = _saved_by_compiled_step(_repeat_kv_pair, device, backend)
+    assert [shape for shape in ours if 0 in shape] == []
+    assert ours == stock
 
 
 _LOAD_AND_RUN = textwrap.dedent(
