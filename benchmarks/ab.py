@@ -88,6 +88,15 @@ def rows_of(run: Path) -> dict[tuple[str, str, str], float]:
     return found
 
 
+def machine_of(run: Path) -> dict[str, Any] | None:
+    """The machine record (``machine``) of the first of the run's JSON files that has one."""
+    for path in sorted(run.glob("*.json")):
+        machine = json.loads(path.read_text()).get("machine")
+        if isinstance(machine, dict):
+            return machine
+    return None
+
+
 def compare(runs: dict[str, list[Path]]) -> list[dict[str, Any]]:
     """Per row and field: each side's values over rounds, their medians and head / base."""
     values: dict[tuple[str, str, str], dict[str, list[float]]] = {}
@@ -106,9 +115,11 @@ def compare(runs: dict[str, list[Path]]) -> list[dict[str, Any]]:
     return table
 
 
-def markdown(table: list[dict[str, Any]], base: Path, rounds: int) -> str:
+def markdown(table: list[dict[str, Any]], base: Path, rounds: int, machine: dict[str, Any] | None) -> str:
+    where = ", ".join(f"{k} {v}" for k, v in machine.items()) if machine else "a machine its results don't name"
     lines = [
         f"Before (`{base}`) and after (`{HEAD}`), medians of {rounds} round(s) each, alternating.",
+        f"Machine: {where}.",
         "",
         "| file | row | field | base | head | head / base |",
         "|---|---|---|---|---|---|",
@@ -154,9 +165,11 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             runs[side].append(out)
     table = compare(runs)
+    machines = {side: [machine_of(path) for path in paths] for side, paths in runs.items()}
     (args.out / "ab.json").write_text(json.dumps({"base": str(base), "head": str(HEAD), "rounds": args.rounds,
-                                                  "command": args.command, "rows": table}, indent=1))  # fmt: skip
-    text = markdown(table, base, args.rounds)
+                                                  "command": args.command, "machines": machines,
+                                                  "rows": table}, indent=1))  # fmt: skip
+    text = markdown(table, base, args.rounds, machines["base"][0])
     (args.out / "ab.md").write_text(text)
     print(text)
     return 0

@@ -619,13 +619,18 @@ def test_ab_runs_each_side_from_its_own_tree(tmp_path: Path, capsys: pytest.Capt
                 json.loads((out / f"{side}-{i}" / "bench.json").read_text())["machine"]["neuralops_gqa"]
                 == version
             )
-    rows = json.loads((out / "ab.json").read_text())["rows"]
+    report = json.loads((out / "ab.json").read_text())
+    assert [m["neuralops_gqa"] for m in report["machines"]["base"]] == ["0.0.0+base"] * 2
+    assert [m["neuralops_gqa"] for m in report["machines"]["head"]] == [neuralops_gqa.__version__] * 2
+    rows = report["rows"]
     host = {row["row"].split()[0]: row for row in rows if row["field"] == "us"}
     assert {"expand", "repeat_kv_pair", "hf"} <= set(host)
     for row in host.values():
         assert len(row["values"]["base"]) == len(row["values"]["head"]) == 2
         assert row["head_over_base"] == pytest.approx(row["head"] / row["base"])
-    assert "| bench.json | hf " in (out / "ab.md").read_text()
+    text = (out / "ab.md").read_text()
+    assert "| bench.json | hf " in text
+    assert "Machine: python " in text and "neuralops_gqa 0.0.0+base" in text
 
 
 @pytest.mark.slow
