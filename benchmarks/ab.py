@@ -116,7 +116,9 @@ def compare(runs: dict[str, list[Path]]) -> list[dict[str, Any]]:
 
 
 def markdown(table: list[dict[str, Any]], base: Path, rounds: int, machine: dict[str, Any] | None) -> str:
-    where = ", ".join(f"{k} {v}" for k, v in machine.items()) if machine else "a machine its results don't name"
+    where = (
+        ", ".join(f"{k} {v}" for k, v in machine.items()) if machine else "a machine its results don't name"
+    )
     lines = [
         f"Before (`{base}`) and after (`{HEAD}`), medians of {rounds} round(s) each, alternating.",
         f"Machine: {where}.",
