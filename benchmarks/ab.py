@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks import cli
+from benchmarks import cli, results
 
 HEAD = Path(__file__).resolve().parent.parent
 
@@ -134,6 +134,22 @@ def markdown(table: list[dict[str, Any]], base: Path, rounds: int, machine: dict
     return "\n".join(lines) + "\n"
 
 
+def report(
+    argv: list[str] | None,
+    args: Any,
+    base: Path,
+    machines: dict[str, list[dict[str, Any] | None]],
+    table: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """ab.json: a result file (``benchmarks.results``) of kind ``ab``, on the machine of the
+    head's first run."""
+    machine = machines["head"][0] or {}
+    return {"schema": results.SCHEMA, "kind": "ab", "machine": machine,
+            "device": "cuda" if "gpu" in machine else "cpu",
+            "command": ["python", "-m", "benchmarks.ab", *(sys.argv[1:] if argv is None else argv)], "base": str(base), "head": str(HEAD),
+            "rounds": args.rounds, "machines": machines, "rows": table}  # fmt: skip
+
+
 FLAGS: list[cli.Flag] = [
     ("--base", Path, None, "the tree to compare against (holds neuralops_gqa, csrc_free_ops, benchmarks)"),
     ("--out", Path, Path("bench-out/ab"), "folder for each run's folder, ab.json and ab.md"),
@@ -168,9 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             runs[side].append(out)
     table = compare(runs)
     machines = {side: [machine_of(path) for path in paths] for side, paths in runs.items()}
-    (args.out / "ab.json").write_text(json.dumps({"base": str(base), "head": str(HEAD), "rounds": args.rounds,
-                                                  "command": args.command, "machines": machines,
-                                                  "rows": table}, indent=1))  # fmt: skip
+    (args.out / "ab.json").write_text(json.dumps(report(argv, args, base, machines, table), indent=1) + "\n")
     text = markdown(table, base, args.rounds, machines["base"][0])
     (args.out / "ab.md").write_text(text)
     print(text)

@@ -33,6 +33,7 @@ KEYS = {
     "attention": ("dtype", "rows"),
     "e2e": ("setup", "results", "speedup"),
     "sweep": ("ceiling_gbs", "rows"),
+    "ab": ("base", "head", "rounds", "machines", "rows"),
 }
 
 

@@ -620,6 +620,8 @@ def test_ab_runs_each_side_from_its_own_tree(tmp_path: Path, capsys: pytest.Capt
                 == version
             )
     report = json.loads((out / "ab.json").read_text())
+    assert report["schema"] == results.SCHEMA and report["kind"] == "ab" and report["device"] == "cpu"
+    assert report["command"][:3] == ["python", "-m", "benchmarks.ab"]
     assert [m["neuralops_gqa"] for m in report["machines"]["base"]] == ["0.0.0+base"] * 2
     assert [m["neuralops_gqa"] for m in report["machines"]["head"]] == [neuralops_gqa.__version__] * 2
     rows = report["rows"]
