@@ -12,7 +12,9 @@ each kernel touches every byte once:
 Inputs keep their strides (no ``.contiguous()``): the launcher folds ``(N, D)`` into one
 dimension when the rows are packed, so the common case is a long 1-D run per head, and a
 transposed ``[B, N, H, D]`` view becomes a 2-D ``[rows, cols]`` tile with a row stride.
-Outputs are always contiguous. Offsets switch to 64-bit only when a tensor's reach needs it.
+The expansion's results are contiguous; the reduction's are contiguous, or laid out with
+the strides its launch is given (rows dense). Offsets switch to 64-bit only when a tensor's
+reach needs it.
 
 Two ways in: ``expand_forward``/``reduce_backward`` launch now (eager calls), and with
 ``traced=True`` they launch through ``torch.library.wrap_triton``, which is how
@@ -214,6 +216,9 @@ def _reduce_tile(  # type: ignore[no-untyped-def]
     s_c,
     tiles_r,
     tiles_c,
+    d_b,
+    d_h,
+    d_r,
     N_REP: tl.constexpr,
     UNROLL: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -249,7 +254,7 @@ def _reduce_tile(  # type: ignore[no-untyped-def]
             acc += _load_grad(group + (r0 + u) * s_h, mask, HINTS).to(acc.dtype)
     for u in tl.static_range(N_REP % UNROLL):
         acc += _load_grad(group + (N_REP - N_REP % UNROLL + u) * s_h, mask, HINTS).to(acc.dtype)
-    dst_offs = bh * (rows * cols) + offs_r[:, None] * cols + offs_c[None, :]
+    dst_offs = b * d_b + j * d_h + offs_r[:, None] * d_r + offs_c[None, :]
     tl.store(dst + dst_offs, _to_output(acc, dst.dtype.element_ty), mask=mask)
 
 
@@ -268,6 +273,9 @@ def reduce_bwd_kernel(  # type: ignore[no-untyped-def]
     k_sc,
     k_tiles_r,
     k_tiles_c,
+    k_db,
+    k_dh,
+    k_dr,
     v_rows,
     v_cols,
     v_sb,
@@ -276,6 +284,9 @@ def reduce_bwd_kernel(  # type: ignore[no-untyped-def]
     v_sc,
     v_tiles_r,
     v_tiles_c,
+    v_db,
+    v_dh,
+    v_dr,
     k_programs,
     N_REP: tl.constexpr,
     UNROLL: tl.constexpr,
@@ -291,12 +302,12 @@ def reduce_bwd_kernel(  # type: ignore[no-untyped-def]
     pid = tl.program_id(0)
     if pid < k_programs:
         _reduce_tile(gk, gk_out, pid, kv_heads, k_rows, k_cols, k_sb, k_sh, k_sr, k_sc,
-                     k_tiles_r, k_tiles_c, N_REP, UNROLL, K_BLOCK_R, K_BLOCK_C, K_ACC64, INDEX_64,
-                     HINTS)  # fmt: skip
+                     k_tiles_r, k_tiles_c, k_db, k_dh, k_dr, N_REP, UNROLL, K_BLOCK_R, K_BLOCK_C,
+                     K_ACC64, INDEX_64, HINTS)  # fmt: skip
     else:
         _reduce_tile(gv, gv_out, pid - k_programs, kv_heads, v_rows, v_cols, v_sb, v_sh, v_sr,
-                     v_sc, v_tiles_r, v_tiles_c, N_REP, UNROLL, V_BLOCK_R, V_BLOCK_C, V_ACC64,
-                     INDEX_64, HINTS)  # fmt: skip
+                     v_sc, v_tiles_r, v_tiles_c, v_db, v_dh, v_dr, N_REP, UNROLL, V_BLOCK_R,
+                     V_BLOCK_C, V_ACC64, INDEX_64, HINTS)  # fmt: skip
 
 
 @triton.jit
@@ -305,29 +316,54 @@ def _probe_store_kernel(out, value):  # type: ignore[no-untyped-def]
     tl.store(out, value)
 
 
-def _layout(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, int, int, int, int, int]:
+def _layout(
+    shape: tuple[int, ...], stride: tuple[int, ...], out_packed: bool = True
+) -> tuple[int, int, int, int, int, int]:
     """``(rows, cols, s_b, s_h, s_r, s_c)``: one head as a 2-D ``[rows, cols]`` array.
 
     ``(N, D)`` folds into a single run when a row's stride is the row length, so packed
     heads are copied as long 1-D runs whatever D is (no masked lanes for D = 80 or 96).
+    ``out_packed``: whether the result's heads are packed too (a run must be one in both).
     """
     _, _, n, d = shape
     s_b, s_h, s_n, s_d = stride
-    if d == 1:
+    if out_packed and d == 1:
         return 1, n, s_b, s_h, 0, s_n
-    if n == 1 or s_n == d * s_d:
+    if out_packed and (n == 1 or s_n == d * s_d):
         return 1, n * d, s_b, s_h, 0, s_d
     return n, d, s_b, s_h, s_n, s_d
 
 
-def _reach(shape: tuple[int, ...], layout: tuple[int, ...], tiling: Tiling, out_heads: int) -> int:
-    """Largest element offset a program may form, masked lanes included, input or output."""
+def _out_layout(
+    layout: tuple[int, ...], heads: int, out_stride: tuple[int, ...] | None
+) -> tuple[int, int, int]:
+    """``(d_b, d_h, d_r)``: the result's batch, head and row strides in ``layout``'s
+    ``[rows, cols]`` form; its columns are dense. ``out_stride`` None: a contiguous result."""
+    rows, cols = layout[0], layout[1]
+    if out_stride is None:
+        return heads * rows * cols, rows * cols, cols
+    return out_stride[0], out_stride[1], out_stride[2] if rows > 1 else 0
+
+
+def _reach(
+    shape: tuple[int, ...],
+    layout: tuple[int, ...],
+    tiling: Tiling,
+    out_heads: int,
+    out: tuple[int, int, int] | None = None,
+) -> int:
+    """Largest element offset a program may form, masked lanes included, input or output.
+
+    ``out``: the result's ``(d_b, d_h, d_r)`` (``_out_layout``); None: a contiguous result."""
     b, h = shape[0], shape[1]
     _, _, s_b, s_h, s_r, s_c = layout
     padded_r = tiling.tiles_r * tiling.block_r
     padded_c = tiling.tiles_c * tiling.block_c
     src = (b - 1) * s_b + (h - 1) * s_h + (padded_r - 1) * s_r + (padded_c - 1) * s_c
-    return max(src, b * out_heads * padded_r * padded_c)
+    if out is None:
+        return max(src, b * out_heads * padded_r * padded_c)
+    d_b, d_h, d_r = out
+    return max(src, (b - 1) * d_b + (out_heads - 1) * d_h + (padded_r - 1) * d_r + padded_c - 1)
 
 
 def _needs_index_64(reach: int) -> bool:
@@ -373,11 +409,12 @@ def _tensor_part(
     itemsize: int,
     heads: int,
     tiling_for: Callable[..., Tiling],
+    out_packed: bool = True,
 ) -> tuple[tuple[int, int, int, int, int, int], Tiling, int]:
     """One tensor's layout, tiling and program count (0 when it has no elements)."""
     if _is_concrete(*shape) and math.prod(shape) == 0:
         return _EMPTY_LAYOUT, _EMPTY_TILING, 0
-    layout = _layout(shape, stride)
+    layout = _layout(shape, stride, out_packed)
     tiling = tiling_for(layout[0], layout[1], itemsize, heads)
     return layout, tiling, heads * tiling.tiles_r * tiling.tiles_c
 
@@ -391,19 +428,34 @@ def _plan_parts(
     tiling_for: Callable[..., Tiling],
     args: list[int],
     meta: dict[str, object],
+    out_strides: tuple[tuple[int, ...] | None, tuple[int, ...] | None] | None = None,
 ) -> list[int]:
     """Append both tensors' scalar arguments and block sizes; set the shared meta-parameters.
 
+    ``out_strides``: the reduction's, each result's strides (None: contiguous); each
+    tensor's arguments then end with its result's ``_out_layout``. None: the expansion's,
+    whose results are contiguous and placed by the kernel itself.
     Returns the two program counts (the caller decides the grid).
     """
-    parts = [_tensor_part(*t, heads, tiling_for) for t in zip(shapes, strides, itemsizes)]
-    for name, (layout, tiling, _) in zip("KV", parts):
+    outs = (None, None) if out_strides is None else out_strides
+    packed = [o is None or shape[2] == 1 or o[2] == shape[3] for shape, o in zip(shapes, outs)]
+    parts = [_tensor_part(*t, heads, tiling_for, p) for t, p in zip(zip(shapes, strides, itemsizes), packed)]
+    places: list[tuple[int, int, int] | None] = []
+    for name, (layout, tiling, _), out in zip("KV", parts, outs):
         args += [*layout, tiling.tiles_r, tiling.tiles_c]
+        place = None
+        if out_strides is not None:
+            place = _out_layout(layout, out_heads, out)
+            args += place
+        places.append(None if out is None else place)
         meta[f"{name}_BLOCK_R"], meta[f"{name}_BLOCK_C"] = tiling.block_r, tiling.block_c
-    live = [(shape, layout, tiling) for shape, (layout, tiling, programs) in zip(shapes, parts)
+    live = [(shape, layout, tiling, place) for shape, (layout, tiling, programs), place in zip(shapes, parts, places)
             if not _is_concrete(programs) or programs]  # fmt: skip
-    meta["INDEX_64"] = any(_needs_index_64(_reach(*part, out_heads)) for part in live)
-    meta["num_warps"] = max((tiling.num_warps for _, _, tiling in live), default=1)
+    meta["INDEX_64"] = any(
+        _needs_index_64(_reach(shape, layout, tiling, out_heads, place))
+        for shape, layout, tiling, place in live
+    )
+    meta["num_warps"] = max((tiling.num_warps for _, _, tiling, _ in live), default=1)
     return [programs for _, _, programs in parts]
 
 
@@ -470,8 +522,11 @@ def _reduce_plan(
     device: Device,
     settings: LaunchSettings = DEFAULT,
     sizes_known: bool | None = None,
+    out_strides: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None),
 ) -> Plan | None:
-    """Grid, scalar arguments and meta-parameters of one reduction; ``None``: nothing to sum."""
+    """Grid, scalar arguments and meta-parameters of one reduction; ``None``: nothing to sum.
+
+    ``out_strides``: each result's strides, its last dim dense; None: contiguous."""
     known = _is_concrete(*k_shape, *v_shape) if sizes_known is None else sizes_known
     kv_heads = k_shape[1] // n_rep
     args: list[int] = [kv_heads]
@@ -485,7 +540,7 @@ def _reduce_plan(
     }
     tiling = functools.partial(settings.reduce_tiling, n_rep=n_rep, device=device, sizes_known=known)
     programs = _plan_parts((k_shape, v_shape), (k_stride, v_stride), (k_dtype.itemsize, v_dtype.itemsize),
-                           k_shape[0] * kv_heads, kv_heads, tiling, args, meta)  # fmt: skip
+                           k_shape[0] * kv_heads, kv_heads, tiling, args, meta, out_strides)  # fmt: skip
     if known and not any(programs):
         return None
     args.append(programs[0])
@@ -517,7 +572,7 @@ class Launch:
     come fresh from the caching allocator (aligned), so the inputs' alignments key it.
     """
 
-    __slots__ = ("_cuda", "_device", "_kernel", "_plan", "_runs", "_shapes")
+    __slots__ = ("_cuda", "_device", "_kernel", "_plan", "_runs", "_shapes", "_strides")
 
     def __init__(
         self,
@@ -525,17 +580,25 @@ class Launch:
         plan: Plan | None,
         shapes: tuple[tuple[int, ...], tuple[int, ...]],
         device: torch.device,
+        strides: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None),
     ) -> None:
         self._kernel, self._plan, self._shapes, self._device = kernel, plan, shapes, device
+        self._strides = strides
         self._cuda = device.type == "cuda"
         self._runs: dict[tuple[bool, bool], Callable[..., bool]] = {}
 
     def __call__(self, a: Tensor, b: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """The results for ``a`` and ``b``; ``b`` None: one tensor, and no second result."""
         # The results take their input's dtype and device (new_empty: the cheapest allocation;
-        # sizes as separate ints parse faster than one tuple).
-        out_a = a.new_empty(*self._shapes[0])
-        out_b = None if b is None else b.new_empty(*self._shapes[1])
+        # sizes as separate ints parse faster than one tuple), contiguous unless ``strides``.
+        shapes, strides = self._shapes, self._strides
+        out_a = a.new_empty(*shapes[0]) if strides[0] is None else a.new_empty_strided(shapes[0], strides[0])
+        if b is None:
+            out_b = None
+        else:
+            out_b = (
+                b.new_empty(*shapes[1]) if strides[1] is None else b.new_empty_strided(shapes[1], strides[1])
+            )
         plan = self._plan
         if plan is None:
             return out_a, out_b
@@ -586,8 +649,11 @@ def _cached_launch(
     n_rep: int,
     device: torch.device,
     settings: LaunchSettings,
+    out_strides: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None),
 ) -> Launch:
-    """The expansion's (``expand``) or the reduction's launch for one layout; ``v_shape`` None: k alone."""
+    """The expansion's (``expand``) or the reduction's launch for one layout; ``v_shape`` None: k alone.
+
+    ``out_strides``: the reduction's results' strides (None: contiguous)."""
     if v_shape is None or v_stride is None or v_dtype is None:
         # The absent second tensor has no elements, so its branch gets no programs.
         v_shape, v_stride, v_dtype = (k_shape[0], k_shape[1], k_shape[2], 0), (0, 0, 0, 1), k_dtype
@@ -598,14 +664,24 @@ def _cached_launch(
                             props, settings)  # fmt: skip
     else:
         kernel, heads = reduce_bwd_kernel, k_shape[1] // n_rep
-        plan = _reduce_plan(k_shape, k_stride, k_dtype, v_shape, v_stride, v_dtype, n_rep, props, settings)
+        plan = _reduce_plan(k_shape, k_stride, k_dtype, v_shape, v_stride, v_dtype, n_rep, props, settings,
+                            out_strides=out_strides)  # fmt: skip
     shapes = ((k_shape[0], heads, k_shape[2], k_shape[3]), (k_shape[0], heads, k_shape[2], v_shape[3]))
-    return Launch(kernel, plan, shapes, device)
+    return Launch(kernel, plan, shapes, device, out_strides)
 
 
-def _launch_for(expand: bool, k: Tensor, v: Tensor | None, n_rep: int, settings: LaunchSettings) -> Launch:
+def _launch_for(
+    expand: bool,
+    k: Tensor,
+    v: Tensor | None,
+    n_rep: int,
+    settings: LaunchSettings,
+    out_strides: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None),
+) -> Launch:
     v_layout = (None, None, None) if v is None else (v.shape, v.stride(), v.dtype)
-    return _cached_launch(expand, k.shape, k.stride(), k.dtype, *v_layout, n_rep, k.device, settings)
+    return _cached_launch(
+        expand, k.shape, k.stride(), k.dtype, *v_layout, n_rep, k.device, settings, out_strides
+    )
 
 
 def expand_launch(k: Tensor, v: Tensor | None, n_rep: int, settings: LaunchSettings = DEFAULT) -> Launch:
@@ -614,10 +690,15 @@ def expand_launch(k: Tensor, v: Tensor | None, n_rep: int, settings: LaunchSetti
 
 
 def reduce_launch(
-    grad_k: Tensor, grad_v: Tensor | None, n_rep: int, settings: LaunchSettings = DEFAULT
+    grad_k: Tensor,
+    grad_v: Tensor | None,
+    n_rep: int,
+    settings: LaunchSettings = DEFAULT,
+    out_strides: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None),
 ) -> Launch:
-    """The eager launch that reduces gradients laid out like ``grad_k`` and ``grad_v`` (``grad_v`` None: grad_k alone)."""
-    return _launch_for(False, grad_k, grad_v, n_rep, settings)
+    """The eager launch that reduces gradients laid out like ``grad_k`` and ``grad_v`` (``grad_v``
+    None: grad_k alone), into results with ``out_strides`` (each None: contiguous)."""
+    return _launch_for(False, grad_k, grad_v, n_rep, settings, out_strides)
 
 
 def _traced_alloc(x: Tensor, heads: int) -> tuple[Tensor, Tensor]:

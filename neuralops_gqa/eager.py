@@ -44,16 +44,49 @@ Run = Callable[[Tensor, Tensor | None], tuple[Tensor, Tensor | None]]
 _internals = private_internals.autograd_internals()
 
 
+Strides = tuple[int, ...] | None
+NO_STRIDES: tuple[Strides, Strides] = (None, None)
+
+
 class _Entry:
-    """What the calls of one argument layout share: the checked head counts and the launch."""
+    """What the calls of one argument layout share: the checked head counts, the launch and,
+    for an expansion, the strides its inputs' gradients take (``gradient_strides``)."""
 
-    __slots__ = ("num_heads", "num_kv_heads", "run")
+    __slots__ = ("grad_strides", "num_heads", "num_kv_heads", "run")
 
-    def __init__(self, run: Run, num_kv_heads: int, num_heads: int) -> None:
+    def __init__(
+        self, run: Run, num_kv_heads: int, num_heads: int, grad_strides: tuple[Strides, Strides] = NO_STRIDES
+    ) -> None:
         self.run, self.num_kv_heads, self.num_heads = run, num_kv_heads, num_heads
+        self.grad_strides = grad_strides
 
 
-def _reference_run(op: str, a: Tensor, b: Tensor | None, num_kv_heads: int, num_heads: int) -> Run:
+def gradient_strides(x: Tensor) -> Strides:
+    """The strides the plain route gives ``x``'s gradient, None for contiguous ones: ``x``'s
+    own where it is dense with its last dim innermost but not contiguous, as
+    ``torch.empty_like`` keeps them (and autograd wants a leaf's gradient laid out). The
+    ``[B, N, H, D]`` projection's transposed view that attention layers expand then gets a
+    gradient the projection's backward reads without a copy."""
+    shape, stride = x.shape, x.stride()
+    if x.is_contiguous() or (stride[3] != 1 and shape[3] > 1) or not x.numel():
+        return None
+    expected = 1
+    for size, step in sorted(zip(shape, stride), key=lambda dim: dim[1]):
+        if size > 1:
+            if step != expected:
+                return None
+            expected *= size
+    return stride
+
+
+def _reference_run(
+    op: str,
+    a: Tensor,
+    b: Tensor | None,
+    num_kv_heads: int,
+    num_heads: int,
+    out_strides: tuple[Strides, Strides],
+) -> Run:
     if op == "gqa_expand":
         n_rep = num_heads // num_kv_heads
         # Decided once for the layout (the entry's key): whether the reshape copies by itself.
@@ -68,7 +101,17 @@ def _reference_run(op: str, a: Tensor, b: Tensor | None, num_kv_heads: int, num_
     def reduce(a: Tensor, b: Tensor | None) -> tuple[Tensor, Tensor | None]:
         return reduce_reference(a, num_kv_heads), None if b is None else reduce_reference(b, num_kv_heads)
 
-    return reduce
+    if out_strides == NO_STRIDES:
+        return reduce
+
+    def reduce_into(a: Tensor, b: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        sums = reduce(a, b)
+        return tuple(  # type: ignore[return-value]
+            s if s is None or strides is None else s.new_empty_strided(s.shape, strides).copy_(s)
+            for s, strides in zip(sums, out_strides)
+        )
+
+    return reduce_into
 
 
 def _no_copy(a: Tensor, b: Tensor | None) -> tuple[Tensor, Tensor | None]:
@@ -76,10 +119,17 @@ def _no_copy(a: Tensor, b: Tensor | None) -> tuple[Tensor, Tensor | None]:
 
 
 def _new_entry(
-    op: str, a: Tensor, b: Tensor | None, num_kv_heads: int, num_heads: int, copies: bool
+    op: str,
+    a: Tensor,
+    b: Tensor | None,
+    num_kv_heads: int,
+    num_heads: int,
+    copies: bool,
+    out_strides: tuple[Strides, Strides],
 ) -> _Entry:
     """Check one layout's arguments (raising what any call of the op raises) and pick its
-    launch; ``copies`` False: the caller returns its input or a view, and only checks."""
+    launch; ``copies`` False: the caller returns its input or a view, and only checks.
+    ``out_strides``: a reduction's results' strides (None: contiguous)."""
     if op == "gqa_expand" and b is None:  # one tensor expanded: repeat_kv's call, in its words
         check_tensor("repeat_kv", "hidden_states", a)
     # One tensor: checked beside a zero-width partner, what the registered op would be given.
@@ -89,13 +139,18 @@ def _new_entry(
     if not copies:
         backend()  # a bad NEURALOPS_GQA_BACKEND fails every call, these too
         return _Entry(_no_copy, num_kv_heads, num_heads)
+    expanding = op == "gqa_expand"
     if use_triton(a):
         kernels = triton_kernels()
-        launch = kernels.expand_launch if op == "gqa_expand" else kernels.reduce_launch
-        run: Run = launch(a, b, n_rep)
+        run: Run = (kernels.expand_launch(a, b, n_rep) if expanding
+                    else kernels.reduce_launch(a, b, n_rep, out_strides=out_strides))  # fmt: skip
     else:
-        run = _reference_run(op, a, b, num_kv_heads, num_heads)
-    return _Entry(run, num_kv_heads, num_heads)
+        run = _reference_run(op, a, b, num_kv_heads, num_heads, out_strides)
+    if not expanding:
+        return _Entry(run, num_kv_heads, num_heads)
+    return _Entry(
+        run, num_kv_heads, num_heads, (gradient_strides(a), None if b is None else gradient_strides(b))
+    )
 
 
 _ENTRIES: dict[tuple[object, ...], _Entry] = {}
@@ -104,20 +159,26 @@ _MAX_ENTRIES = 4096
 
 
 def _entry(
-    op: str, a: Tensor, b: Tensor | None, num_kv_heads: int, num_heads: int, copies: bool = True
+    op: str,
+    a: Tensor,
+    b: Tensor | None,
+    num_kv_heads: int,
+    num_heads: int,
+    copies: bool = True,
+    out_strides: tuple[Strides, Strides] = NO_STRIDES,
 ) -> _Entry:
     """The entry of this call's layout, checked and made on its first call."""
     # The backend variable is part of the key: a new value takes effect on the next call.
     variable = _backend_variable()
     if b is None:
         key: tuple[object, ...] = (op, a.shape, a.stride(), a.dtype, a.get_device(), num_kv_heads, num_heads,
-                                   variable, copies)  # fmt: skip
+                                   variable, copies, out_strides)  # fmt: skip
     else:
         key = (op, a.shape, a.stride(), a.dtype, a.get_device(), b.shape, b.stride(), b.dtype, b.get_device(),
-               num_kv_heads, num_heads, variable, copies)  # fmt: skip
+               num_kv_heads, num_heads, variable, copies, out_strides)  # fmt: skip
     entry = _ENTRIES.get(key)
     if entry is None:
-        entry = _new_entry(op, a, b, num_kv_heads, num_heads, copies)
+        entry = _new_entry(op, a, b, num_kv_heads, num_heads, copies, out_strides)
         if len(_ENTRIES) >= _MAX_ENTRIES:
             _ENTRIES.clear()
         _ENTRIES[key] = entry
@@ -203,12 +264,18 @@ def _watched() -> bool:
 
 
 def reduce_gradients(
-    grad_a: Tensor | None, grad_b: Tensor | None, num_kv_heads: int, num_heads: int
+    grad_a: Tensor | None,
+    grad_b: Tensor | None,
+    num_kv_heads: int,
+    num_heads: int,
+    out_strides: tuple[Strides, Strides] = NO_STRIDES,
 ) -> tuple[Tensor | None, Tensor | None]:
     """The expansion's backward: each wanted gradient summed over its group (None stays None).
 
-    Plain gradients outside ``create_graph`` take the cached launch; otherwise the
-    registered ``gqa_reduce``, so a graph of the backward is recorded and modes see it.
+    Plain gradients outside ``create_graph`` take the cached launch, into results with
+    ``out_strides`` (the inputs' ``gradient_strides``); otherwise the registered
+    ``gqa_reduce``, so a graph of the backward is recorded and modes see it, and its results
+    are contiguous.
     """
     if grad_a is None and grad_b is None:
         return None, None
@@ -216,9 +283,13 @@ def reduce_gradients(
         first, second = (grad_b, None) if grad_a is None else (grad_a, grad_b)
         assert first is not None
         if _plain_tensor(first) and (second is None or _plain_tensor(second)):
-            out_first, out_second = _entry("gqa_reduce", first, second, num_kv_heads, num_heads).run(
-                first, second
-            )
+            if grad_a is None:
+                out_strides = (out_strides[1], None)
+            elif grad_b is None:
+                out_strides = (out_strides[0], None)
+            out_first, out_second = _entry(
+                "gqa_reduce", first, second, num_kv_heads, num_heads, out_strides=out_strides
+            ).run(first, second)
             return (None, out_first) if grad_a is None else (out_first, out_second)
     a, b = transforms.pair_or_empty(grad_a, grad_b)
     out_a, out_b = torch.ops.neuralops.gqa_reduce(a, b, num_kv_heads, num_heads)
@@ -244,7 +315,7 @@ def _expand_backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, Te
     grad_a = grads[0] if wanted[0] else None
     grad_b = grads[1] if len(grads) > 1 and wanted[1] else None
     entry = ctx.entry
-    return (*reduce_gradients(grad_a, grad_b, entry.num_kv_heads, entry.num_heads), None)
+    return (*reduce_gradients(grad_a, grad_b, entry.num_kv_heads, entry.num_heads, entry.grad_strides), None)
 
 
 # ``apply(a, b or None, entry)``: the plain route's expansion with its backward. Built on

@@ -78,6 +78,87 @@ def test_plain_and_registered_routes_agree(
         assert_bitwise_equal(a, b)
 
 
+def _layout_kept(x: Tensor) -> tuple[int, ...]:
+    """The strides a plain-route gradient of ``x`` must have: ``torch.empty_like``'s, which
+    keeps a dense tensor's strides, where ``x``'s last dim is dense; contiguous otherwise."""
+    if x.stride(3) == 1:
+        return torch.empty_like(x).stride()
+    return torch.empty(x.shape).stride()
+
+
+@needs_internals
+@pytest.mark.parametrize(
+    ("k_layout", "v_layout"),
+    [("bnhd", "bnhd"), ("bnhd", "contiguous"), ("offset", "bnhd"), ("step", "permuted")],
+)
+def test_plain_gradients_are_laid_out_like_their_inputs(
+    backend: str, device: str, k_layout: str, v_layout: str
+) -> None:
+    """On the plain route each gradient takes its input's strides where the input is dense
+    (a [B, N, H, D] projection's transposed view above all), and is contiguous otherwise;
+    through every entry point, with the registered route's bits (its results contiguous)."""
+    b, kv, n_rep, n = 2, 3, 4, 5
+    k = make_tensor((b, kv, n, 80), torch.bfloat16, k_layout, device, seed=1)
+    v = make_tensor((b, kv, n, 16), torch.float32, v_layout, device, seed=2)
+    grads = (make_tensor((b, kv * n_rep, n, 80), torch.bfloat16, "contiguous", device, seed=3),
+             make_tensor((b, kv * n_rep, n, 16), torch.float32, "bnhd", device, seed=4))  # fmt: skip
+    entries = {
+        "gqa_expand": lambda a, c: neuralops_gqa.gqa_expand(a, c, kv, kv * n_rep),
+        "torch.ops": lambda a, c: torch.ops.neuralops.gqa_expand(a, c, kv, kv * n_rep),
+        "repeat_kv": lambda a, c: (neuralops_gqa.repeat_kv(a, n_rep), neuralops_gqa.repeat_kv(c, n_rep)),
+    }
+    for name, expand in entries.items():
+        for wanted in ((True, True), (True, False), (False, True)):
+
+            def step() -> tuple[Tensor, ...]:
+                inputs = [x.detach().requires_grad_(w) for x, w in zip((k, v), wanted)]  # noqa: B023
+                outs = expand(*inputs)  # noqa: B023
+                return torch.autograd.grad(
+                    [o for o, w in zip(outs, wanted) if w],  # noqa: B023
+                    [x for x in inputs if x.requires_grad],
+                    [g for g, w in zip(grads, wanted) if w],  # noqa: B023
+                )
+
+            plain, registered = _both_routes(step)
+            inputs = [x for x, w in zip((k, v), wanted) if w]
+            for got, want, x in zip(plain, registered, inputs):  # type: ignore[call-overload]
+                assert got.stride() == _layout_kept(x), (name, wanted)
+                assert want.is_contiguous(), (name, wanted)
+                assert_bitwise_equal(got, want)
+
+
+@needs_internals
+@pytest.mark.parametrize("entry", ["gqa_expand", "repeat_kv"])
+def test_a_projections_backward_reads_the_reduced_gradient_in_place(
+    backend: str, device: str, entry: str
+) -> None:
+    """k and v as attention layers make them, ``proj(x).view(B, N, H, D).transpose(1, 2)``:
+    the gradient that reaches each projection's output is the reduction's result itself,
+    viewed, not a copy of it."""
+    b, n, kv, n_rep, d = 2, 6, 2, 3, 8
+    x = make_tensor((1, b, n, 16), torch.float32, "contiguous", device, seed=1)[0]
+    k_proj = torch.nn.Linear(16, kv * d, bias=False, device=device)
+    v_proj = torch.nn.Linear(16, kv * d, bias=False, device=device)
+    seen: dict[str, Tensor] = {}
+
+    def watched(name: str, y: Tensor) -> Tensor:
+        y.register_hook(lambda g: seen.__setitem__(f"{name}_out", g))
+        heads = y.view(b, n, kv, d).transpose(1, 2)
+        heads.register_hook(lambda g: seen.__setitem__(name, g))
+        return heads
+
+    k, v = watched("k", k_proj(x)), watched("v", v_proj(x))
+    if entry == "gqa_expand":
+        out_k, out_v = neuralops_gqa.gqa_expand(k, v, kv, kv * n_rep)
+    else:
+        out_k, out_v = neuralops_gqa.repeat_kv(k, n_rep), neuralops_gqa.repeat_kv(v, n_rep)
+    (out_k.square().sum() + out_v.sum()).backward()
+    for name in ("k", "v"):
+        assert seen[name].transpose(1, 2).is_contiguous()
+        assert seen[f"{name}_out"].data_ptr() == seen[name].data_ptr()
+    assert k_proj.weight.grad is not None and v_proj.weight.grad is not None
+
+
 @pytest.mark.parametrize("route", ["plain", "registered"])
 @pytest.mark.parametrize("entry", ["gqa_expand", "torch.ops", "repeat_kv", "gqa_reduce"])
 def test_results_can_be_modified_in_place(backend: str, device: str, route: str, entry: str) -> None:

@@ -42,6 +42,52 @@ def test_index_64_chosen_only_past_int32() -> None:
     assert past_plan is not None and past_plan.meta["INDEX_64"] is True
 
 
+def test_reduction_into_strided_results_unfolds_only_where_they_are() -> None:
+    """A result laid out [B, N, H, D] gives up the folded run (its heads aren't packed); a
+    packed one keeps it; the offsets a strided result reaches choose 64-bit indexing."""
+    shape, grad_stride = (2, 8, 16, 80), (10240, 1280, 80, 1)
+
+    def plan(out: tuple[int, ...] | None) -> gqa_triton.Plan:
+        made = gqa_triton._reduce_plan(shape, grad_stride, torch.float32, shape, grad_stride, torch.float32, 4,
+                                       H200, out_strides=(out, None))  # fmt: skip
+        assert made is not None
+        return made
+
+    bnhd, packed, contiguous = plan((2560, 80, 160, 1)), plan((2560, 1280, 80, 1)), plan(None)
+    # k's (rows, cols, strides), then its tiles, then its result's (d_b, d_h, d_r).
+    assert bnhd.args[1:7] == (16, 80, 10240, 1280, 80, 1)
+    assert packed.args[1:7] == contiguous.args[1:7] == (1, 1280, 10240, 1280, 0, 1)
+    assert bnhd.args[9:12] == (2560, 80, 160)
+    assert contiguous.args[9:12] == (2560, 1280, 1280)
+    assert contiguous.meta["INDEX_64"] is False
+    # A result whose batch stride reaches past 2^31 (a view into a huge buffer) needs 64-bit
+    # offsets where the contiguous result does not.
+    assert plan((2**31, 80, 160, 1)).meta["INDEX_64"] is True
+
+
+@pytest.mark.parametrize(
+    ("shape", "n_rep", "dtype"),
+    [((2, 3, 10, 80), 4, torch.bfloat16), ((1, 2, 1, 64), 3, torch.float32), ((2, 3, 7, 1), 2, torch.float16),
+     ((2, 1, 5, 24), 5, torch.float64)],
+    ids=["D80-bf16", "N1-f32", "D1-f16", "Hkv1-f64"],
+)  # fmt: skip
+def test_reduction_writes_results_with_the_strides_it_is_given(
+    device: str, shape: tuple[int, int, int, int], n_rep: int, dtype: torch.dtype
+) -> None:
+    """Results laid out [B, N, H, D] (with k's and v's own strides) hold the same bits as the
+    contiguous results of the same launch rules, whatever the gradients' layouts."""
+    b, kv, n, d = shape
+    grads = (make_tensor((b, kv * n_rep, n, d), dtype, "contiguous", device, seed=1),
+             make_tensor((b, kv * n_rep, n, d + 8), dtype, "bnhd", device, seed=2))  # fmt: skip
+    strides = tuple(torch.empty(b, n, kv, g.shape[3]).transpose(1, 2).stride() for g in grads)
+    contiguous = gqa_triton.reduce_launch(*grads, n_rep)(*grads)
+    strided = gqa_triton.reduce_launch(*grads, n_rep, out_strides=strides)(*grads)
+    for got, want, stride in zip(strided, contiguous, strides):
+        assert got is not None and want is not None
+        assert got.stride() == stride and want.is_contiguous()
+        assert_bitwise_equal(got, want)
+
+
 def test_empty_plans_launch_nothing() -> None:
     assert (
         gqa_triton._expand_plan((0, 2, 5, 8), (80, 40, 8, 1), 4, (0, 2, 5, 8), (80, 40, 8, 1), 4, 3, H200)
