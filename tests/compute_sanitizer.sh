@@ -14,7 +14,7 @@ mkdir -p "$logs"
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1 NEURALOPS_GQA_BACKEND=triton
 subset=(
     tests/test_expand.py tests/test_reduce_autograd.py tests/test_kernels.py
-    -k "(layouts or every_dtype or mixed or empty or special or reads_stay or group_sizes or int64 or compiled_handle) and not torch"
+    -k "(layouts or every_dtype or mixed or empty or special or reads_stay or group_sizes or int64 or compiled_handle or strides) and not torch"
     -q -p no:cacheprovider
 )
 status=0
