@@ -82,10 +82,10 @@ def op_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, torch.Size]]:
     calls: list[tuple[str, torch.Size]] = []
     entry = eager._entry
 
-    def recording_entry(op, a, b, *args, copies=True):  # type: ignore[no-untyped-def]
+    def recording_entry(op, a, b, *args, copies=True, **kwargs):  # type: ignore[no-untyped-def]
         if copies:  # the Python entry points' no-copy results (their input, a view) run no op
             calls.append((op, a.shape))
-        return entry(op, a, b, *args, copies=copies)
+        return entry(op, a, b, *args, copies=copies, **kwargs)
 
     check = ops.check_inputs
 
