@@ -10,9 +10,9 @@ alone ahead of the installed packages on ``sys.path``, and stops if ``neuralops_
 directory first on ``sys.path``, so a process started from the wrong folder runs the other
 side's code and a comparison of the same code passes for a before and after.
 
-Then every float of every result row (the ``rows`` lists of the JSON files each run wrote)
-is reported per side as the median over rounds, with the ratio head / base: ab.json and
-ab.md in OUT. Compare within one run only; the spread between rounds of one side is in
+Then every float of every result row (the objects in the lists of the JSON files each run
+wrote: ``rows``, ``results``) is reported per side as the median over rounds, with the ratio
+head / base: ab.json and ab.md in OUT. Compare within one run only; the spread between rounds of one side is in
 ab.json beside each median.
 """
 
@@ -64,23 +64,48 @@ def _label(value: Any) -> str | None:
     return None
 
 
+def _measured(field: str, value: Any) -> bool:
+    """Whether a row's field is a measurement: a float, or a count of bytes (peak memory)."""
+    return isinstance(value, float) or ("bytes" in field and isinstance(value, int) and field != "bytes")
+
+
+def _floats(row: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """A row's measurements, those of nested objects without a name as ``outer.inner``."""
+    found: dict[str, float] = {}
+    for field, value in row.items():
+        if _measured(field, value):
+            found[prefix + field] = float(value)
+        elif isinstance(value, dict) and "name" not in value:
+            found.update(_floats(value, f"{prefix}{field}."))
+    return found
+
+
 def rows_of(run: Path) -> dict[tuple[str, str, str], float]:
     """``(file, row, field) -> value`` for every float of every row of the run's JSON files.
 
-    A row is named by its strings, ints and nested objects' names."""
+    A row is an object in a list of objects (``rows`` of the attention blocks and the host
+    section, ``results`` of the kernel tables and the training step), named by its strings,
+    ints and nested objects' names; its floats are its fields, nested objects' floats
+    (``call_ms.neuralops``) too. An object of floats alone (the training step's
+    ``speedup``) is a row named by its key."""
     found: dict[tuple[str, str, str], float] = {}
 
     def walk(node: Any, file: str) -> None:
-        if isinstance(node, dict):
+        if isinstance(node, list):
+            for item in node:
+                if isinstance(item, dict):
+                    name = " ".join(filter(None, (_label(v) for k, v in item.items() if not _measured(k, v))))
+                    for field, value in _floats(item).items():
+                        found[(file, name, field)] = value
+                    for value in item.values():  # rows nested in a row
+                        if isinstance(value, list):
+                            walk(value, file)
+        elif isinstance(node, dict):
             for key, value in node.items():
-                if key == "rows" and isinstance(value, list):
-                    for row in value:
-                        if isinstance(row, dict):
-                            name = " ".join(filter(None, map(_label, row.values())))
-                            for field, v in row.items():
-                                if isinstance(v, float):
-                                    found[(file, name, field)] = v
-                else:
+                if isinstance(value, dict) and value and all(isinstance(v, float) for v in value.values()):
+                    for field, v in value.items():
+                        found[(file, key, field)] = v
+                elif key != "machine":
                     walk(value, file)
 
     for path in sorted(run.glob("*.json")):

@@ -635,6 +635,29 @@ def test_ab_runs_each_side_from_its_own_tree(tmp_path: Path, capsys: pytest.Capt
     assert "Machine: python " in text and "neuralops_gqa 0.0.0+base" in text
 
 
+def test_ab_reads_the_rows_of_every_result_kind(tmp_path: Path) -> None:
+    """Rows under ``rows`` and ``results``, nested timings, byte counts as values, and an
+    object of floats alone: each figure once, under a name that doesn't hold a figure."""
+    (tmp_path / "bench.json").write_text(json.dumps({
+        "machine": {"gpu": "x", "l2_mb": 1.0},
+        "results": [{"shape": {"name": "small", "batch": 1}, "direction": "backward", "bytes": 64,
+                     "call_ms": {"neuralops": 0.5, "copy_kernel": 0.25}}],
+    }))  # fmt: skip
+    (tmp_path / "e2e.json").write_text(json.dumps({
+        "results": [{"implementation": "sdpa", "step_ms": [1.0, 2.0], "median_ms": 1.5, "peak_memory_bytes": 2048}],
+        "speedup": {"neuralops_sdpa vs sdpa": 1.01},
+        "host": {"rows": [{"name": "expand", "us": 10.5}]},
+    }))  # fmt: skip
+    assert importlib.import_module("benchmarks.ab").rows_of(tmp_path) == {
+        ("bench.json", "small backward 64", "call_ms.neuralops"): 0.5,
+        ("bench.json", "small backward 64", "call_ms.copy_kernel"): 0.25,
+        ("e2e.json", "sdpa", "median_ms"): 1.5,
+        ("e2e.json", "sdpa", "peak_memory_bytes"): 2048.0,
+        ("e2e.json", "speedup", "neuralops_sdpa vs sdpa"): 1.01,
+        ("e2e.json", "expand", "us"): 10.5,
+    }
+
+
 @pytest.mark.slow
 def test_ab_stops_where_a_side_imports_another_trees_package(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
