@@ -70,11 +70,14 @@ def _measured(field: str, value: Any) -> bool:
 
 
 def _floats(row: dict[str, Any], prefix: str = "") -> dict[str, float]:
-    """A row's measurements, those of nested objects without a name as ``outer.inner``."""
+    """A row's measurements, those of nested objects without a name as ``outer.inner``; a
+    list of floats (one per repetition, the users' shapes) as its median."""
     found: dict[str, float] = {}
     for field, value in row.items():
         if _measured(field, value):
             found[prefix + field] = float(value)
+        elif isinstance(value, list) and value and all(isinstance(v, float) for v in value):
+            found[prefix + field] = statistics.median(value)
         elif isinstance(value, dict) and "name" not in value:
             found.update(_floats(value, f"{prefix}{field}."))
     return found

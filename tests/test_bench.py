@@ -636,12 +636,13 @@ def test_ab_runs_each_side_from_its_own_tree(tmp_path: Path, capsys: pytest.Capt
 
 
 def test_ab_reads_the_rows_of_every_result_kind(tmp_path: Path) -> None:
-    """Rows under ``rows`` and ``results``, nested timings, byte counts as values, and an
-    object of floats alone: each figure once, under a name that doesn't hold a figure."""
+    """Rows under ``rows`` and ``results``, nested timings, repetitions by their median, byte
+    counts as values, and an object of floats alone: each figure once, under a name that
+    doesn't hold a figure."""
     (tmp_path / "bench.json").write_text(json.dumps({
         "machine": {"gpu": "x", "l2_mb": 1.0},
         "results": [{"shape": {"name": "small", "batch": 1}, "direction": "backward", "bytes": 64,
-                     "call_ms": {"neuralops": 0.5, "copy_kernel": 0.25}}],
+                     "call_ms": {"neuralops": 0.5, "copy_kernel": 0.25}, "graph_ms": {"neuralops": [0.3, 0.1, 0.2]}}],
     }))  # fmt: skip
     (tmp_path / "e2e.json").write_text(json.dumps({
         "results": [{"implementation": "sdpa", "step_ms": [1.0, 2.0], "median_ms": 1.5, "peak_memory_bytes": 2048}],
@@ -651,6 +652,8 @@ def test_ab_reads_the_rows_of_every_result_kind(tmp_path: Path) -> None:
     assert importlib.import_module("benchmarks.ab").rows_of(tmp_path) == {
         ("bench.json", "small backward 64", "call_ms.neuralops"): 0.5,
         ("bench.json", "small backward 64", "call_ms.copy_kernel"): 0.25,
+        ("bench.json", "small backward 64", "graph_ms.neuralops"): 0.2,
+        ("e2e.json", "sdpa", "step_ms"): 1.5,
         ("e2e.json", "sdpa", "median_ms"): 1.5,
         ("e2e.json", "sdpa", "peak_memory_bytes"): 2048.0,
         ("e2e.json", "speedup", "neuralops_sdpa vs sdpa"): 1.01,
