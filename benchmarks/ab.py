@@ -12,8 +12,8 @@ side's code and a comparison of the same code passes for a before and after.
 
 Then every float of every result row (the objects in the lists of the JSON files each run
 wrote: ``rows``, ``results``) is reported per side as the median over rounds, with the ratio
-head / base: ab.json and ab.md in OUT. Compare within one run only; the spread between rounds of one side is in
-ab.json beside each median.
+head / base: ab.json and ab.md in OUT. Compare within one run only; the spread between
+rounds of one side is in ab.json beside each median.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def markdown(table: list[dict[str, Any]], base: Path, rounds: int, machine: dict
 
 def report(
     argv: list[str] | None,
-    args: Any,
+    rounds: int,
     base: Path,
     machines: dict[str, list[dict[str, Any] | None]],
     table: list[dict[str, Any]],
@@ -175,7 +175,7 @@ def report(
     return {"schema": results.SCHEMA, "kind": "ab", "machine": machine,
             "device": "cuda" if "gpu" in machine else "cpu",
             "command": ["python", "-m", "benchmarks.ab", *(sys.argv[1:] if argv is None else argv)], "base": str(base), "head": str(HEAD),
-            "rounds": args.rounds, "machines": machines, "rows": table}  # fmt: skip
+            "rounds": rounds, "machines": machines, "rows": table}  # fmt: skip
 
 
 FLAGS: list[cli.Flag] = [
@@ -212,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
             runs[side].append(out)
     table = compare(runs)
     machines = {side: [machine_of(path) for path in paths] for side, paths in runs.items()}
-    (args.out / "ab.json").write_text(json.dumps(report(argv, args, base, machines, table), indent=1) + "\n")
+    (args.out / "ab.json").write_text(
+        json.dumps(report(argv, args.rounds, base, machines, table), indent=1) + "\n"
+    )
     text = markdown(table, base, args.rounds, machines["base"][0])
     (args.out / "ab.md").write_text(text)
     print(text)

@@ -63,20 +63,14 @@ class _Entry:
 
 def gradient_strides(x: Tensor) -> Strides:
     """The strides the plain route gives ``x``'s gradient, None for contiguous ones: ``x``'s
-    own where it is dense with its last dim innermost but not contiguous, as
-    ``torch.empty_like`` keeps them (and autograd wants a leaf's gradient laid out). The
+    own where ``torch.empty_like`` keeps them (a dense tensor; autograd wants a leaf's
+    gradient laid out so) and its last dim is innermost, but it isn't contiguous. The
     ``[B, N, H, D]`` projection's transposed view that attention layers expand then gets a
-    gradient the projection's backward reads without a copy."""
-    shape, stride = x.shape, x.stride()
-    if x.is_contiguous() or (stride[3] != 1 and shape[3] > 1) or not x.numel():
+    gradient the projection's backward reads without a copy. Once per layout (the entry)."""
+    if x.is_contiguous() or (x.stride(3) != 1 and x.shape[3] > 1) or not x.numel():
         return None
-    expected = 1
-    for size, step in sorted(zip(shape, stride), key=lambda dim: dim[1]):
-        if size > 1:
-            if step != expected:
-                return None
-            expected *= size
-    return stride
+    stride = x.stride()
+    return stride if torch.empty_like(x, device="meta").stride() == stride else None
 
 
 def _reference_run(
