@@ -362,6 +362,8 @@ def repeat(x: object, n_rep: object) -> Tensor | None:
     if n_rep < 1 or x.dim() != 4:
         return None  # the caller's own checks word the error
     kv_heads = x.shape[1]
+    if not kv_heads:
+        return None  # the caller returns the empty input, as Hugging Face's returns a view of it
     entry = _entry("gqa_expand", x, None, kv_heads, kv_heads * n_rep, copies=n_rep > 1 and kv_heads > 1)
     if n_rep == 1:
         return x

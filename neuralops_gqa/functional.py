@@ -7,7 +7,7 @@ from torch import Tensor
 
 from neuralops_gqa import eager
 from neuralops_gqa.backend import backend
-from neuralops_gqa.validation import check_head_counts, check_inputs, check_memory, check_tensor
+from neuralops_gqa.validation import check_head_counts, check_inputs, check_memory, check_tensor, integer
 
 
 def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple[Tensor, Tensor]:
@@ -23,7 +23,8 @@ def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple
         k: ``[B, H_kv, N, D_k]``, any strides, any real dtype.
         v: ``[B, H_kv, N, D_v]``, any strides; its dtype and ``D_v`` may differ from k's, but
             ``B``, ``H_kv``, ``N`` and the device must match.
-        num_kv_heads: ``H_kv``, positive, equal to ``k.shape[1]``.
+        num_kv_heads: ``H_kv``, positive, equal to ``k.shape[1]``; an int, or what
+            ``operator.index`` takes (a numpy integer, a one-element integer tensor).
         num_heads: the query heads ``H``, a positive multiple of ``num_kv_heads``.
 
     Returns:
@@ -48,8 +49,10 @@ def gqa_expand(k: Tensor, v: Tensor, num_kv_heads: int, num_heads: int) -> tuple
         plain = eager.expand(k, v, num_kv_heads, num_heads, alias=True)
         if plain is not None:
             return plain
-    # Checked here too: the dispatcher's own error for a float or None names no argument.
-    check_head_counts("gqa_expand", num_kv_heads, num_heads)
+    # Checked here too: the dispatcher's own error for a float or None names no argument, and
+    # its parser would truncate a float tensor. A numpy integer becomes an int, which a
+    # compiled caller can branch on.
+    num_kv_heads, num_heads = check_head_counts("gqa_expand", num_kv_heads, num_heads)
     if num_heads == num_kv_heads:
         check_inputs("gqa_expand", ("k", "v"), k, v, num_kv_heads, num_heads)
         backend()  # a bad NEURALOPS_GQA_BACKEND fails every call, this one too
@@ -72,11 +75,12 @@ def repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
 
     Args:
         hidden_states: ``[B, H_kv, N, D]``, any strides, any real dtype.
-        n_rep: how many copies of each head, a positive int.
+        n_rep: how many copies of each head, a positive int (or what ``operator.index``
+            takes, as for PyTorch's int arguments: a numpy integer, a one-element integer tensor).
 
     Returns:
         ``[B, H_kv * n_rep, N, D]``: a new contiguous tensor; ``hidden_states`` itself when
-        ``n_rep == 1``; a view of it when ``H_kv == 1``.
+        ``n_rep == 1`` or ``H_kv == 0``; a view of it when ``H_kv == 1``.
 
     Raises:
         TypeError: ``hidden_states`` is not a tensor or ``n_rep`` not an int.
@@ -103,17 +107,17 @@ def repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
     # The op's own checks of the tensor, whatever the route, so n_rep == 1 or one KV head
     # can't pass what another call refuses.
     check_tensor("repeat_kv", "hidden_states", hidden_states)
-    if isinstance(n_rep, bool) or not isinstance(n_rep, (int, torch.SymInt)):
-        raise TypeError(f"repeat_kv: n_rep must be an int, got {type(n_rep).__name__}")
+    n_rep = integer("repeat_kv", "n_rep", n_rep)
     if n_rep < 1:
         message = f"repeat_kv: n_rep must be a positive int, got {n_rep}"
         torch._check_value(False, lambda: message)
     batch, kv_heads, seq, dim = hidden_states.shape
     if n_rep > 1 and kv_heads > 1 and not torch.compiler.is_compiling() and eager.memory_freed(hidden_states):
         check_memory("repeat_kv", "hidden_states", hidden_states)  # in its words, not the op's
-    if n_rep == 1 or kv_heads == 1:
+    if n_rep == 1 or kv_heads <= 1:
         backend()  # a bad NEURALOPS_GQA_BACKEND fails every call, these too
-        return hidden_states if n_rep == 1 else hidden_states.expand(batch, n_rep, seq, dim)
+        # No KV heads: the result is as empty as the input, and Hugging Face's is a view of it.
+        return hidden_states if n_rep == 1 or kv_heads == 0 else hidden_states.expand(batch, n_rep, seq, dim)
     # The op's v: a zero-width tensor, no work. new_empty, not a slice: slicing a DTensor
     # sharded on the last dim (Shard(3)) to zero width gathers it from every rank first.
     no_v = hidden_states.new_empty((batch, kv_heads, seq, 0))

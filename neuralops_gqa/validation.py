@@ -16,6 +16,8 @@ trace was started with, not symbols.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import SymBool, SymInt, Tensor, strided
 
@@ -86,14 +88,23 @@ def check_memory(op: str, name: str, x: Tensor) -> None:
         )
 
 
-def check_head_counts(op: str, num_kv_heads: object, num_heads: object) -> None:
-    """Raise a ``TypeError`` naming the argument unless both head counts are integers
-    (an ``int``, a symbolic size, or anything with ``__index__``; never a ``bool``)."""
-    for name, value in (("num_kv_heads", num_kv_heads), ("num_heads", num_heads)):
-        if isinstance(value, bool) or not (
-            isinstance(value, (int, SymInt)) or hasattr(type(value), "__index__")
-        ):
-            raise TypeError(f"{op}: {name} must be an int, got {type(value).__name__} {value!r}")
+def integer(op: str, name: str, value: object) -> int:
+    """``value`` as an ``int`` (a symbolic size stays one), or a ``TypeError`` naming it: an
+    integer is whatever ``operator.index`` takes (a numpy integer, a one-element integer
+    tensor), as for PyTorch's own int arguments; never a ``bool``, a float or a float tensor."""
+    if isinstance(value, SymInt):
+        return value  # type: ignore[return-value]
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    raise TypeError(f"{op}: {name} must be an int, got {type(value).__name__} {value!r}")
+
+
+def check_head_counts(op: str, num_kv_heads: object, num_heads: object) -> tuple[int, int]:
+    """Both head counts as ints (``integer``), or a ``TypeError`` naming the one that isn't."""
+    return integer(op, "num_kv_heads", num_kv_heads), integer(op, "num_heads", num_heads)
 
 
 def check_inputs(

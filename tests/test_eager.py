@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import Tensor
@@ -320,13 +321,47 @@ def test_backend_variable_takes_effect_on_the_next_call(device: str, monkeypatch
         assert (len(launched) > before) == (variable == "triton"), variable
 
 
-@pytest.mark.parametrize("heads", [(2.0, 2.0), (2.0, 4), ("2", "2"), (True, True), (2, None)])
+@pytest.mark.parametrize(
+    "heads",
+    [(2.0, 2.0), (2.0, 4), ("2", "2"), (True, True), (2, None), (2, torch.tensor(4.7)), (torch.tensor(2.0), 4),
+     (2, np.float64(4.0)), (np.True_, 2)],
+)  # fmt: skip
 def test_head_counts_must_be_integers(device: str, heads: tuple[object, object]) -> None:
-    """A float, a string, a bool or None as a head count is a TypeError naming it, also where
-    there is nothing to expand (the Python entry points would return the inputs there)."""
+    """A float (a float tensor too, which the dispatcher's parser would truncate), a string,
+    a bool or None as a head count is a TypeError naming it, also where there is nothing to
+    expand (the Python entry points would return the inputs there)."""
     k = make_tensor((1, 2, 3, 4), torch.float32, "contiguous", device)
     with pytest.raises(TypeError, match=r"gqa_expand: num_(kv_)?heads must be an int"):
         neuralops_gqa.gqa_expand(k, k, *heads)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"repeat_kv: n_rep must be an int"):
+        neuralops_gqa.repeat_kv(k, heads[1] if isinstance(heads[0], int) else heads[0])  # type: ignore[arg-type]
+
+
+def test_integer_head_counts_of_other_types_are_their_ints(device: str) -> None:
+    """What PyTorch takes for an int argument (``operator.index``: a numpy integer, a
+    one-element integer tensor) is that int on every entry point, as Hugging Face's
+    ``repeat_kv`` takes it; compiled too, where the wrappers branch on the int, not on a
+    numpy scalar dynamo would trace as a tensor."""
+    k = make_tensor((1, 2, 3, 4), torch.float32, "contiguous", device)
+    want = expand_oracle(k, 3)
+    for kv_heads, heads in ((np.int64(2), np.int32(6)), (torch.tensor(2), torch.tensor([6]))):
+        for got in neuralops_gqa.gqa_expand(k, k, kv_heads, heads):  # type: ignore[arg-type]
+            assert_bitwise_equal(got, want)
+        assert_bitwise_equal(neuralops_gqa.repeat_kv(k, heads // kv_heads), want)  # type: ignore[arg-type]
+    n_rep, kv_heads, heads = np.int64(3), np.int64(2), np.int64(6)
+
+    def block(x: Tensor) -> Tensor:
+        return neuralops_gqa.gqa_expand(x, x, kv_heads, heads)[0] + neuralops_gqa.repeat_kv(x, n_rep)  # type: ignore[arg-type]
+
+    assert_bitwise_equal(torch.compile(block, backend="eager", fullgraph=True)(k), want + want)
+
+
+def test_repeat_kv_of_no_kv_heads_is_the_empty_input(device: str) -> None:
+    """Zero KV heads: Hugging Face's ``repeat_kv`` returns an empty ``[B, 0, N, D]``, so ours
+    does (its input, as for ``n_rep == 1``), not an error about the op's ``num_kv_heads``."""
+    x = make_tensor((2, 0, 3, 4), torch.float32, "contiguous", device)
+    for n_rep in (1, 2, 5):
+        assert neuralops_gqa.repeat_kv(x, n_rep) is x
 
 
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
