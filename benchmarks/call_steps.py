@@ -72,6 +72,8 @@ def steps(shape: cases.Shape, dtype: torch.dtype, device: str) -> tuple[dict[str
     out_shapes = (tuple(out_k.shape), tuple(out_v.shape))
     found |= {
         "guard_tensors": ("the guard: k and v are plain tensors", lambda: (eager._plain_tensor(k), eager._plain_tensor(v))),
+        "guard_keys": ("the guard's tensor check by dispatch keys instead (k and v; its earlier form)",
+                       lambda: (eager._plain_keys(k), eager._plain_keys(v))),
         "guard_watched": ("the guard: no mode, transform, forward AD or profiler", eager._watched),
         "entry_lookup": ("the cached entry of the call's layout", lambda: eager._entry("gqa_expand", k, v, kv, h)),
         "launch": ("the entry's launch: allocate the results, launch", lambda: entry.run(k, v)),

@@ -578,6 +578,7 @@ def test_call_steps_times_the_eager_path_step_by_step(tmp_path: Path) -> None:
     # With the private internals off there is no eager route: only the public calls are timed.
     steps = [
         "guard_tensors",
+        "guard_keys",
         "guard_watched",
         "entry_lookup",
         "launch",
