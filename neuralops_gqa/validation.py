@@ -92,7 +92,7 @@ def integer(op: str, name: str, value: object) -> int:
     """``value`` as an ``int`` (a symbolic size stays one), or a ``TypeError`` naming it: an
     integer is whatever ``operator.index`` takes (a numpy integer, a one-element integer
     tensor), as for PyTorch's own int arguments; never a ``bool``, a float or a float tensor."""
-    if isinstance(value, SymInt):
+    if type(value) is int or isinstance(value, SymInt):
         return value  # type: ignore[return-value]
     if not isinstance(value, bool):
         try:
