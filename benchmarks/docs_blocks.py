@@ -106,10 +106,12 @@ def _worked_example(r: dict[str, Any], shape: str = "llama3-8b") -> str:
     for x in md.rows_of(r, "bfloat16"):
         if x["shape"]["name"] == shape and x["direction"] == "forward":
             t = md.ms(x, "neuralops")
+            ours, theirs = md.pct_ceiling(r, x, "neuralops"), md.pct_ceiling(r, x, "hf_eager")
+            assert ours is not None and theirs is not None, "the run has no ceiling"
             return (
                 f"The benchmark measured {t:.4f} ms, {x['bytes'] / t / 1e6:.0f} GB/s, "
-                f"{md.pct_ceiling(r, x, 'neuralops'):.1f}% of the ceiling; Hugging Face's eager `repeat_kv` on the "
-                f"same shape reached {md.pct_ceiling(r, x, 'hf_eager'):.1f}% ({md.where(r)})."
+                f"{md.floor(ours)}% of the ceiling; Hugging Face's eager `repeat_kv` on the same shape reached "
+                f"{md.floor(theirs)}% ({md.where(r)})."
             )
     return f"The committed run has no bfloat16 forward of {shape}."
 

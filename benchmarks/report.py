@@ -230,7 +230,17 @@ def targets_text(rows: list[Report], ceiling: float | None, name: Callable[[Repo
         f"Targets: every point of {targets.MIN_MB} MB or more at >= {targets.COPY_FLOOR_PCT:g}% of a same-size "
         f"copy in its worst repetition, their geometric mean >= {targets.GEOMEAN_PCT:g}%, those of "
         f"{targets.CEILING_MIN_MB} MB or more at >= {targets.CEILING_FLOOR_PCT:g}% of the ceiling, no faster peer; "
-        f"in each timing:\n\n" + table(head, body)
+        f"in each timing:\n\n" + table(head, body) + wrong_text(rows, name)
+    )
+
+
+def wrong_text(rows: list[Report], name: Callable[[Report], str]) -> str:
+    """A line naming the points whose result was wrong (none: nothing), which fail the targets."""
+    wrong = targets.wrong(rows, name)
+    return (
+        f"\nWrong results (ours differed from Hugging Face's), every target missed: {', '.join(wrong)}.\n"
+        if wrong
+        else ""
     )
 
 
@@ -464,6 +474,10 @@ def rules_change_markdown(current: Report, previous: Report) -> str:
             f"- {a['direction']}, {len(ratios)} points, previous rule ({changed}) over the current (above 1x the"
             f" current one is faster): geometric mean {fx(geomean([x for x, _ in ratios]), 3)}; from {fx(low, 3)}"
             f" ({point(a)}) to {fx(high, 3)} ({point(b)})."
+        )
+    if not lines:  # an empty block would pass for a rendered one
+        raise ValueError(
+            "no point of the previous rules' runs is in the current file (same point and direction)"
         )
     return "\n".join(lines) + "\n"
 

@@ -76,24 +76,35 @@ def judge(
                     "ceiling_points": 0,
                     "under_ceiling": [],
                     "slower": [],
+                    "wrong": [],
                 },
             )
             g["points"] += 1
+            if row.get("correct") is False:  # a fast wrong answer meets nothing
+                g["wrong"].append(name(row))
             g["medians"].append(pct["copy_median"])
             if pct["copy_worst"] < COPY_FLOOR_PCT:
-                g["under_copy"].append((round(pct["copy_worst"], 2), name(row)))
+                g["under_copy"].append((pct["copy_worst"], name(row)))
             if "ceiling" in pct and row["bytes"] >= CEILING_MIN_MB * 2**20:
                 g["ceiling_points"] += 1
                 if pct["ceiling"] < CEILING_FLOOR_PCT:
-                    g["under_ceiling"].append((round(pct["ceiling"], 2), name(row)))
+                    g["under_ceiling"].append((pct["ceiling"], name(row)))
             g["slower"] += [f"{name(row)}: {p}" for p in pct["faster_peers"]]
     for g in out.values():
         medians = g.pop("medians")
         g["geomean"] = math.exp(statistics.fmean(math.log(m) for m in medians))
         g["under_copy"].sort()
         g["under_ceiling"].sort()
-        g["met"] = not (g["under_copy"] or g["under_ceiling"] or g["slower"]) and g["geomean"] >= GEOMEAN_PCT
+        g["met"] = (
+            not (g["under_copy"] or g["under_ceiling"] or g["slower"] or g["wrong"])
+            and g["geomean"] >= GEOMEAN_PCT
+        )
     return out
+
+
+def wrong(rows: list[Row], name: Callable[[Row], str]) -> list[str]:
+    """The points where our result differed from Hugging Face's, whatever their size."""
+    return [name(r) for r in rows if r.get("correct") is False]
 
 
 def cliffs(rows: list[Row], timing: str) -> list[Row]:

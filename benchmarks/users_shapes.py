@@ -27,6 +27,7 @@ import torch
 
 import neuralops_gqa
 from benchmarks import cases, cli, peers, results, targets, timing
+from benchmarks import report as md
 from benchmarks.cases import Shape
 
 KEY = ("config", "kv_heads", "heads", "dim", "seq", "batch", "layout", "dtype", "direction")
@@ -101,13 +102,22 @@ def group(row: dict[str, Any]) -> str:
 def verdict(report: dict[str, Any]) -> str:
     lines = [
         f"{g}: {t['points']} points >= {targets.MIN_MB} MB, {len(t['under_copy'])} under "
-        f"{targets.COPY_FLOOR_PCT:g}% of the copy {t['under_copy'][:1]}, geomean {t['geomean']:.1f}%, "
-        f"{len(t['under_ceiling'])} of {t['ceiling_points']} under the ceiling floor, "
-        f"{len(t['slower'])} slower than a peer: {'met' if t['met'] else 'missed'}"
+        f"{targets.COPY_FLOOR_PCT:g}% of the copy"
+        + (
+            f" (lowest {md.floor(t['under_copy'][0][0])}%, {t['under_copy'][0][1]})"
+            if t["under_copy"]
+            else ""
+        )
+        + f", geomean {md.floor(t['geomean'])}%, {len(t['under_ceiling'])} of {t['ceiling_points']} under the "
+        f"ceiling floor, {len(t['slower'])} slower than a peer, {len(t['wrong'])} wrong: "
+        f"{'met' if t['met'] else 'missed'}"
         for g, t in targets.judge(report["rows"], report["ceiling_gbs"], group, name).items()
     ]
     cliffs = targets.cliffs(report["rows"], "graph" if report["device"] == "cuda" else "call")
-    return "\n".join([*lines, f"cliffs: {', '.join(map(name, cliffs)) or 'none'}"])
+    wrong = targets.wrong(report["rows"], name)
+    return "\n".join(
+        [*lines, f"cliffs: {', '.join(map(name, cliffs)) or 'none'}", f"wrong: {', '.join(wrong) or 'none'}"]
+    )
 
 
 def parse_settings(text: str) -> Any:

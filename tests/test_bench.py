@@ -306,6 +306,43 @@ def test_targets_use_the_worst_repetition_and_the_faster_copy() -> None:
     assert not graph["met"] and graph["geomean"] == pytest.approx(((100 + 100 / 1.1) / 2 * 120) ** 0.5)
 
 
+def test_targets_truncate_and_a_wrong_point_meets_nothing() -> None:
+    """A point a hair under 95% of its copy reads 94.9%, not a rounded 95.0%, in the table and
+    the sweep's verdict; a point whose result was wrong fails every target of its group and
+    is named, however fast it ran."""
+    from benchmarks import users_shapes
+
+    rows = [
+        {**_row("a", [1.0], [0.94996]), "correct": True},
+        {**_row("w", [1.0], [1.5]), "correct": False},
+    ]
+    text = report.targets_text(rows, 1e6, lambda r: r["config"])
+    assert "| 1 | 94.9% (a) |" in text and "95.0" not in text
+    assert "Wrong results" in text and text.rstrip().endswith(": w.")
+    judged = targets.judge(rows, 1e6, lambda r: "g", lambda r: r["config"])
+    assert set(judged) == {"g, graph", "g, call"} and all(
+        t["wrong"] == ["w"] and not t["met"] for t in judged.values()
+    )
+    rows = [{**r, "seq": 1, "batch": 1} for r in rows]
+    verdict = users_shapes.verdict({"rows": rows, "ceiling_gbs": 1e6, "device": "cuda"})
+    assert "lowest 94.9%" in verdict and "geomean 119.3%" in verdict and verdict.endswith("wrong: w B=1 N=1")
+    right = [{**rows[0], "correct": True, "graph_ms": _row("a", [1.0], [1.2])["graph_ms"]}]
+    assert report.wrong_text(right, lambda r: r["config"]) == ""
+
+
+def test_a_rule_comparison_with_no_common_point_is_an_error() -> None:
+    """The rules-change block raises rather than render empty when the previous runs hold no
+    point and direction of the current file."""
+    row = {"config": "c", "batch": 1, "seq": 1, "layout": "bhnd", "dtype": "bfloat16", "direction": "forward",
+           "bytes": 1, "graph_ms": {"neuralops": 1.0}}  # fmt: skip
+    current = {"rows": [row], "runs": [{"command": [], "settings": {"X": 1}}]}
+    previous = {"rows": [row], "runs": [{"command": ["--directions", "backward"], "settings": {"X": 2}}]}
+    with pytest.raises(ValueError, match="no point of the previous rules"):
+        report.rules_change_markdown(current, previous)
+    previous["runs"][0]["command"] = ["--directions", "forward"]
+    assert "`X=2`" in report.rules_change_markdown(current, previous)
+
+
 def test_cliffs_need_a_smaller_neighbour() -> None:
     def per_byte(seq: int, batch: int) -> float:
         base = 1 + 1 / (seq * batch)
