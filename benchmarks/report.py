@@ -335,7 +335,16 @@ def users_markdown(report: Report) -> str:
     rows, m, ceiling = report["rows"], report["machine"], report.get("ceiling_gbs")
     runs = "; ".join(f"`{' '.join(r['command'][2:])}` ({r['repeats']} process(es))" for r in report["runs"])
     text = f"{where(report)}, torch {m['torch']}, triton {m['triton']}; {len(rows)} points: {runs}."
-    text += (f" Copy ceiling {ceiling:.0f} GB/s." if ceiling else "") + "\n\n"
+    own = sorted({r["ceiling_gbs"] for r in rows if r.get("ceiling_gbs")})
+    if own:  # combined runs, each point judged against its own run's ceiling
+        text += (
+            f" Copy ceilings {' and '.join(f'{c:.0f}' for c in own)} GB/s, each run's points against its own."
+        )
+    elif ceiling:
+        text += f" Copy ceiling {ceiling:.0f} GB/s" + (
+            ", the median of its runs'." if len(report["runs"]) > 1 else "."
+        )
+    text += "\n\n"
     text += targets_text(rows, ceiling, users_name)
     cliffs = targets.cliffs(rows, "graph" if any(r.get("graph_ms") for r in rows) else "call")
     text += f"\nCliffs (time per byte above every neighbour's by {targets.CLIFF_TOLERANCE}x): {len(cliffs)}"

@@ -50,6 +50,7 @@ def percents(row: Row, timing: str, ceiling_gbs: float | None) -> dict[str, Any]
     if copy:
         pct = [100 * c / o for o, c in zip(ours, copy)]
         out.update(copy_worst=min(pct), copy_median=statistics.median(pct))
+    ceiling_gbs = row.get("ceiling_gbs", ceiling_gbs)  # a combined report's point: its own run's
     if ceiling_gbs:
         out["ceiling"] = 100 * row["bytes"] / max(ours) / 1e6 / ceiling_gbs
     peers = [p for p in times if p != "neuralops" and p not in COPIES]

@@ -236,6 +236,39 @@ def test_combine_merges_same_machine_files(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "attention.json").read_text())["rows"] == data["rows"]
 
 
+def test_combined_users_runs_judge_each_point_against_its_own_ceiling(tmp_path: Path) -> None:
+    """Two runs of the sweep combined, each 256 MB point at 96% of its own run's ceiling:
+    both meet the ceiling target, though one is under 95% of the median of the two ceilings."""
+    nbytes = 256 * 2**20
+
+    def run(ceiling: float, config: str) -> dict[str, Any]:
+        ms = nbytes / 1e6 / (0.96 * ceiling)  # bytes / ms / 1e6 is GB/s
+        row = {**_row(config, [ms], [ms], nbytes=nbytes), "seq": 1, "batch": 1, "correct": True}
+        return {"schema": results.SCHEMA, "kind": "users_shapes", "machine": {"gpu": "g", "torch": "t", "triton": "t"}, "device": "cuda",
+                "ceiling_gbs": ceiling, "runs": [{"command": ["python", "-m", config], "repeats": 1}],
+                "rows": [row], "complete": True}  # fmt: skip
+
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, data in zip(paths, (run(1000.0, "a"), run(1100.0, "b"))):
+        path.write_text(json.dumps(data))
+    assert _main("users_shapes")(["--combine", *map(str, paths), "--out", str(tmp_path / "out")]) == 0
+    combined = json.loads((tmp_path / "out" / "users-shapes.json").read_text())
+    assert combined["ceiling_gbs"] == 1050.0 and [r["ceiling_gbs"] for r in combined["rows"]] == [
+        1000.0,
+        1100.0,
+    ]
+    judged = targets.judge(combined["rows"], combined["ceiling_gbs"], lambda r: "g", lambda r: r["config"])
+    assert judged["g, graph"]["ceiling_points"] == 2 and judged["g, graph"]["under_ceiling"] == []
+    medians = [{k: v for k, v in r.items() if k != "ceiling_gbs"} for r in combined["rows"]]
+    assert [
+        n
+        for _, n in targets.judge(medians, 1050.0, lambda r: "g", lambda r: r["config"])["g, graph"][
+            "under_ceiling"
+        ]
+    ] == ["a"]
+    assert "Copy ceilings 1000 and 1100 GB/s" in report.users_markdown(combined)
+
+
 @pytest.mark.parametrize("module", CLIS)
 def test_help_is_complete(capsys: pytest.CaptureFixture[str], module: str) -> None:
     """Every option with a default shows it, every list of names is spelled out, no reST."""
