@@ -371,3 +371,63 @@ def test_one_kv_head_takes_the_consumers_route(
     # The same computation as stock's, backward included; GRAD_RTOL covers CUDA's
     # nondeterministic SDPA backward.
     _assert_grads_close(grads, grads_ref)
+
+
+def _tiny_from(config: Any, *names: str) -> list[torch.nn.Module]:
+    """One model per attention name, all with the first one's weights."""
+    torch.manual_seed(0)
+    models = [transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=n).eval()
+              for n in names]  # fmt: skip
+    for model in models[1:]:
+        model.load_state_dict(models[0].state_dict())
+    return models
+
+
+def test_gemma4_kv_shared_layers_refuse_queries_cut_without_a_mask() -> None:
+    """Gemma 4 cuts its KV-shared layers' queries to the kept logits under any attention name
+    but the literal "sdpa", with no mask: SDPA would align them with the first keys and give
+    other logits than stock's. "neuralops_sdpa" refuses those calls by name; its full
+    forward and a padded batch (a mask) stay stock's bits, and "neuralops_eager" (always a
+    mask) is stock's with the cut queries too."""
+    if not hasattr(transformers, "Gemma4TextConfig"):
+        pytest.skip(f"transformers {transformers.__version__} has no Gemma 4")
+    config = transformers.Gemma4TextConfig(
+        vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=8,
+        num_key_value_heads=2, head_dim=8, global_head_dim=8, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"] * 2, num_kv_shared_layers=2,
+        vocab_size_per_layer_input=100, hidden_size_per_layer_input=8, max_position_embeddings=64,
+    )  # fmt: skip
+    stock, ours, eager, our_eager = _tiny_from(config, "sdpa", "neuralops_sdpa", "eager", "neuralops_eager")
+    ids = torch.randint(1, 100, (2, 10), generator=torch.Generator().manual_seed(1))
+    padded = torch.ones_like(ids)
+    padded[0, :2] = 0
+    with torch.no_grad():
+        assert torch.equal(ours(input_ids=ids).logits, stock(input_ids=ids).logits)
+        with pytest.raises(
+            NotImplementedError, match=r"KV-shared layer .* 3 queries for 10 keys and no mask"
+        ):
+            ours(input_ids=ids, logits_to_keep=3)
+        cut = {"attention_mask": padded, "logits_to_keep": 3}
+        assert torch.equal(ours(input_ids=ids, **cut).logits, stock(input_ids=ids, **cut).logits)
+        assert torch.equal(
+            our_eager(input_ids=ids, logits_to_keep=3).logits, eager(input_ids=ids, logits_to_keep=3).logits
+        )
+
+
+@pytest.mark.parametrize("ours", ["neuralops_sdpa", "neuralops_eager"])
+def test_sparse_attention_indices_are_refused(ours: str) -> None:
+    """DeepSeek-V3.2-style indexers: the model masks the keys its indexer left out only under
+    the literal "sdpa" and "eager", and otherwise passes the indices on, which the stock
+    attention functions ignore (dense attention, other logits). Both names refuse them."""
+    if not hasattr(transformers, "DeepseekV32Config"):
+        pytest.skip(f"transformers {transformers.__version__} has no DeepSeek-V3.2")
+    config = transformers.DeepseekV32Config(
+        vocab_size=100, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=8, head_dim=8, n_routed_experts=2, num_experts_per_tok=1, n_group=1,
+        topk_group=1, first_k_dense_replace=2, index_topk=3, index_head_dim=16, index_n_heads=2,
+        max_position_embeddings=64,
+    )  # fmt: skip
+    (model,) = _tiny_from(config, ours)
+    with torch.no_grad(), pytest.raises(NotImplementedError, match="sparse-attention indices"):
+        model(input_ids=torch.randint(1, 100, (2, 10), generator=torch.Generator().manual_seed(1)))

@@ -22,7 +22,9 @@ one) on k and v that our op has already expanded, with the layer seen through a 
 that reports one KV group, so the function's own ``repeat_kv`` has nothing left to do.
 The expansion is an exact copy, so the attention sees the bits ``repeat_kv`` would give
 it: outputs equal the stock implementations' for every model family, whatever its eager
-attention computes; gradients differ at most by the float32 rounding of the group sum
+attention computes (where a model decides by comparing the name with the literal
+``"sdpa"`` or ``"eager"`` and would hand these functions what the stock ones never get,
+they raise ``NotImplementedError`` instead); gradients differ at most by the float32 rounding of the group sum
 (``docs/usage/transformers.md``). Where stock makes no copy of its own our op runs neither:
 SDPA's ``enable_gqa``, a single decoding query, and one KV head, whose broadcast view
 (stride 0 over the heads) reaches the attention as stock hands it, so its bits are stock's
@@ -118,6 +120,7 @@ def sdpa_attention_forward(
         ``(attn_output, None)``, ``attn_output`` being ``[B, N_q, H, D_v]``: SDPA returns
         no attention weights.
     """
+    _refuse_what_stock_names_would_change(SDPA, module, query, key, attention_mask, kwargs)
     if _stock_sdpa_copies_kv(module, query, key, value, attention_mask) and not (
         _STOCK_WRITES_PAGED_CACHE and kwargs.get("cache") is not None
     ):
@@ -136,6 +139,60 @@ def sdpa_attention_forward(
         is_causal=is_causal,
         **kwargs,
     )
+
+
+# Layer class -> whether its model cuts KV-shared layers' queries by the attention's name.
+_CUTS_QUERIES: dict[type, bool] = {}
+
+
+def _cuts_queries(layer: type) -> bool:
+    """Whether the model of a layer class cuts its KV-shared layers' queries to the kept
+    logits (Gemma 4's ``_maybe_slice_kv_shared_inputs``), looked up once per class. Other
+    KV-shared models (Gemma 3n) give such a layer fewer queries than keys and no mask only
+    when decoding, which SDPA attends as stock does."""
+    if layer not in _CUTS_QUERIES:
+        found = vars(sys.modules[layer.__module__]).values() if layer.__module__ in sys.modules else ()
+        _CUTS_QUERIES[layer] = any(
+            isinstance(c, type) and hasattr(c, "_maybe_slice_kv_shared_inputs") for c in found
+        )
+    return _CUTS_QUERIES[layer]
+
+
+_model_cuts_queries: Callable[[type], bool] = torch.compiler.assume_constant_result(_cuts_queries)
+
+
+def _refuse_what_stock_names_would_change(
+    name: str, module: nn.Module, query: Tensor, key: Tensor, mask: Tensor | None, kwargs: dict[str, Any]
+) -> None:
+    """Raise where a model decided something by comparing its attention name with the literal
+    ``"sdpa"`` or ``"eager"`` and handed this call what the stock function, under its own
+    name, never gets, so its result would silently differ from stock's:
+
+    - sparse-attention indices (DeepSeek-V3.2-style indexers): under the stock names the
+      model masks the keys the indexer left out; under any other it passes ``indices``,
+      which the stock functions ignore, attending densely;
+    - a KV-shared layer's queries cut to the last tokens without a mask (Gemma 4 with
+      ``logits_to_keep``): the model cuts them under any name but ``"sdpa"``, and SDPA's
+      causal flag then aligns them with the first keys (and a static cache's empty slots).
+      Its eager attention always gets a mask, so only ``"neuralops_sdpa"`` refuses it.
+    """
+    if kwargs.get("indices") is not None:
+        raise NotImplementedError(
+            f'attn_implementation="{name}": this layer ({type(module).__name__}) passes sparse-attention '
+            'indices, which transformers applies as a mask only under "sdpa" and "eager"; use those for this model'
+        )
+    if (
+        name == SDPA
+        and mask is None
+        and getattr(module, "is_kv_shared_layer", False)
+        and query.shape[2] < key.shape[2]
+        and _model_cuts_queries(type(module))
+    ):
+        raise NotImplementedError(
+            f'attn_implementation="{name}": this KV-shared layer ({type(module).__name__}) got {query.shape[2]} '
+            f"queries for {key.shape[2]} keys and no mask: transformers cuts its queries without a mask under any "
+            'name but "sdpa", which SDPA would align with the first keys; use "sdpa" or "neuralops_eager" for this model'
+        )
 
 
 class _OneKVGroup:
@@ -221,6 +278,7 @@ def eager_attention_forward(
         What the layer's eager attention returns: ``(attn_output, attn_weights)``,
         ``[B, N_q, H, D_v]`` and ``[B, H, N_q, N_kv]``.
     """
+    _refuse_what_stock_names_would_change(EAGER, module, query, key, attention_mask, kwargs)
     _found_eager(type(module))
     own = _EAGER[type(module)]
     groups = cast(int, getattr(module, "num_key_value_groups", 1))
