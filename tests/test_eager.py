@@ -68,11 +68,11 @@ def test_plain_and_registered_routes_agree(
         "torch.ops": lambda a, b: torch.ops.neuralops.gqa_expand(a, b, kv, kv * n_rep),
         "repeat_kv": lambda a, b: (neuralops_gqa.repeat_kv(a, n_rep), neuralops_gqa.repeat_kv(b, n_rep)),
     }
-    for name, expand in entries.items():
+    for expand in entries.values():
         plain, registered = _both_routes(lambda: step(expand))  # noqa: B023
         for a, b in zip(plain, registered):  # type: ignore[call-overload]
             assert_bitwise_equal(a, b)
-        assert_bitwise_equal(plain[0], expand_oracle(k, n_rep)), name  # type: ignore[index]
+        assert_bitwise_equal(plain[0], expand_oracle(k, n_rep))  # type: ignore[index]
     with torch.no_grad():
         plain, registered = _both_routes(lambda: torch.ops.neuralops.gqa_reduce(*grads, kv, kv * n_rep))
     for a, b in zip(plain, registered):  # type: ignore[call-overload]
@@ -81,8 +81,9 @@ def test_plain_and_registered_routes_agree(
 
 def _layout_kept(x: Tensor) -> tuple[int, ...]:
     """The strides a plain-route gradient of ``x`` must have: ``torch.empty_like``'s, which
-    keeps a dense tensor's strides, where ``x``'s last dim is dense; contiguous otherwise."""
-    if x.stride(3) == 1:
+    keeps a dense tensor's strides, where ``x``'s last dim is dense (or has one element,
+    whose stride says nothing); contiguous otherwise."""
+    if x.stride(3) == 1 or x.shape[3] == 1:
         return torch.empty_like(x).stride()
     return torch.empty(x.shape).stride()
 
@@ -126,6 +127,24 @@ def test_plain_gradients_are_laid_out_like_their_inputs(
                 assert got.stride() == _layout_kept(x), (name, wanted)
                 assert want.is_contiguous(), (name, wanted)
                 assert_bitwise_equal(got, want)
+
+
+@needs_internals
+def test_a_head_dim_of_one_keeps_its_layout(backend: str, device: str) -> None:
+    """Head dim 1 of a permuted dense tensor: its stride is not 1 but says nothing, so the
+    gradient still takes the input's strides (``torch.empty_like``'s), with the registered
+    route's bits."""
+    x = make_tensor((2, 1, 5, 3), torch.float32, "contiguous", device, seed=1).permute(0, 3, 2, 1)
+    assert x.shape == (2, 3, 5, 1) and x.stride(3) != 1 and not x.is_contiguous()
+    grad = make_tensor((2, 6, 5, 1), torch.float32, "contiguous", device, seed=2)
+
+    def step() -> tuple[Tensor, ...]:
+        leaf = x.detach().requires_grad_()
+        return torch.autograd.grad(neuralops_gqa.repeat_kv(leaf, 2), leaf, grad)
+
+    (plain,), (registered,) = _both_routes(step)  # type: ignore[misc]
+    assert plain.stride() == torch.empty_like(x).stride() == x.stride()
+    assert_bitwise_equal(plain, registered)
 
 
 @needs_internals

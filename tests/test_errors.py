@@ -30,6 +30,7 @@ BAD: list[tuple[str, Any, Callable[[], tuple], str]] = [
     ("not-multiple", EXPAND, lambda: (_t(1, 4, 2, 8), _t(1, 4, 2, 8), 4, 30), r"num_heads \(30\).*multiple.*num_kv_heads \(4\)"),
     ("zero-kv-heads", EXPAND, lambda: (_t(1, 4, 2, 8), _t(1, 4, 2, 8), 0, 8), "num_kv_heads must be positive"),
     ("negative-heads", EXPAND, lambda: (_t(1, 4, 2, 8), _t(1, 4, 2, 8), 4, -8), "num_heads must be positive"),
+    ("zero-heads", EXPAND, lambda: (_t(1, 4, 2, 8), _t(1, 4, 2, 8), 4, 0), "num_heads must be positive, got 0"),
     ("k-heads", EXPAND, lambda: (_t(1, 4, 2, 8), _t(1, 4, 2, 8), 2, 8), r"k.shape\[1\] \(4\) must equal num_kv_heads \(2\)"),
     ("batch", EXPAND, lambda: (_t(1, 4, 2, 8), _t(2, 4, 2, 8), 4, 8), "k and v must agree in the batch"),
     ("v-heads", EXPAND, lambda: (_t(1, 4, 2, 8), _t(1, 2, 2, 8), 4, 8), "k and v must agree in the head"),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
 import sys
 
@@ -14,36 +13,10 @@ from csrc_free_ops import private_internals
 pytestmark = pytest.mark.slow
 
 
-def _seconds(code: str, env: dict[str, str] | None = None) -> float:
-    """Median wall clock of ``code`` in fresh interpreters, from the process's own clock."""
-    runs = []
-    for _ in range(3):
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                f"import time; t = time.perf_counter(); {code}; print(time.perf_counter() - t)",
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-            env={**os.environ, **(env or {})},
-        )
-        runs.append(float(result.stdout.split()[-1]))
-    return statistics.median(runs)
-
-
-def test_import_costs_at_most_half_a_second_over_torch() -> None:
-    """Defining the ops must not import Inductor, dynamo or Triton (torch.library.triton_op's
-    definition does, about a second), nor DTensor (0.4 s) for a program that makes none."""
-    if not private_internals.ENABLED:
-        pytest.skip(f"{private_internals.ENV}=0: the ops are defined with triton_op, which imports Inductor")
-    torch_alone = _seconds("import torch")
-    with_package = _seconds("import torch; import neuralops_gqa")
-    assert with_package - torch_alone <= 0.5, (torch_alone, with_package)
-
-
 def test_import_leaves_compilers_and_dtensor_unimported() -> None:
+    """Defining the ops imports no Inductor, dynamo or Triton (torch.library.triton_op's
+    definition would, about a second), nor DTensor (0.4 s) for a program that makes none:
+    what makes an import slow, checked by the modules, not by a clock."""
     code = (
         "import sys, neuralops_gqa\n"
         "heavy = [m for m in ('torch._inductor', 'torch._dynamo', 'triton', 'torch.distributed.tensor') if m in sys.modules]\n"

@@ -9,6 +9,7 @@ from helpers import assert_bitwise_equal, expand_oracle, in_threads, make_tensor
 
 gqa_triton = pytest.importorskip("csrc_free_ops.gqa_triton", reason="triton is not installed")
 from csrc_free_ops.launch_settings import REFERENCE_DEVICE as H200  # noqa: E402
+from csrc_free_ops.launch_settings import Device  # noqa: E402
 
 
 def test_layout_folds_packed_rows() -> None:
@@ -16,6 +17,25 @@ def test_layout_folds_packed_rows() -> None:
     assert gqa_triton._layout((2, 4, 16, 80), (5120, 1280, 80, 1)) == (1, 1280, 5120, 1280, 0, 1)
     assert gqa_triton._layout((2, 4, 16, 80), (5120, 80, 320, 1)) == (16, 80, 5120, 80, 320, 1)
     assert gqa_triton._layout((2, 4, 16, 1), (64, 16, 1, 7)) == (1, 16, 64, 16, 0, 1)
+    # Rows D elements apart whose elements are not adjacent (B*H == D here): no fold.
+    assert gqa_triton._layout((2, 2, 3, 4), (1, 2, 4, 12)) == (3, 4, 1, 2, 4, 12)
+
+
+def test_rows_d_apart_with_strided_elements_copy_and_sum_exactly(
+    device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A permuted tensor whose row stride equals D but whose elements are strided (B*H == D)
+    is copied and summed element by element, not as one folded run."""
+    if device == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    x = make_tensor((4, 3, 2, 2), torch.float32, "contiguous", device, seed=1).permute(2, 3, 1, 0)
+    assert x.shape == (2, 2, 3, 4) and x.stride() == (2, 1, 4, 12)
+    out, _ = gqa_triton.expand_forward(x, x, 3)
+    assert_bitwise_equal(out, expand_oracle(x, 3))
+    g = make_tensor((12, 3, 2, 6), torch.float32, "contiguous", device, seed=2).permute(2, 3, 1, 0)
+    assert g.shape == (2, 6, 3, 12) and g.stride() == (6, 1, 12, 36)
+    total, _ = gqa_triton.reduce_backward(g, g, 3)
+    torch.testing.assert_close(total, g.unflatten(1, (2, 3)).sum(2), rtol=1e-6, atol=1e-6)
 
 
 def test_index_64_chosen_only_past_int32() -> None:
@@ -113,6 +133,32 @@ def test_long_groups_up_to_32_reps_store_in_output_order() -> None:
     assert not rep_major(1, 48, (6, 2500, 128))
 
 
+def test_rep_chunks_that_do_not_divide_the_group_store_nothing_past_it(
+    device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tile's 7 stores shared out 4 and 3 (a two-SM device wants more programs than tiles):
+    every output head is its KV head's copy, and nothing past the last group is written."""
+    if device == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    k = make_tensor((1, 2, 3, 8), torch.float32, "contiguous", device, seed=1)
+    v = make_tensor((1, 2, 3, 4), torch.float16, "bnhd", device, seed=2)
+    plan = gqa_triton._expand_plan(
+        k.shape, k.stride(), 4, v.shape, v.stride(), 2, 7, Device(sms=2, l2_bytes=2**20)
+    )
+    assert plan is not None
+    rep_chunks, reps_per_program = plan.args[-3:-1]
+    assert rep_chunks > 1 and rep_chunks * reps_per_program > 7  # the last chunk is short
+    filled = []
+    for x in (k, v):
+        n = x.numel() * 7
+        buffer = torch.full((n + 64,), float("nan"), dtype=x.dtype, device=device)  # the tail: a sentinel
+        filled.append((buffer, buffer[:n].view(x.shape[0], 14, *x.shape[2:])))
+    gqa_triton.expand_fwd_kernel[plan.grid](k, v, filled[0][1], filled[1][1], *plan.args, **plan.meta)
+    for x, (buffer, out) in zip((k, v), filled):
+        assert_bitwise_equal(out, expand_oracle(x, 7))
+        assert buffer[out.numel() :].isnan().all()
+
+
 def test_grid_covers_both_tensors() -> None:
     plan = gqa_triton._expand_plan(
         (2, 2, 8, 16), (256, 128, 16, 1), 4, (2, 2, 8, 0), (0, 0, 0, 1), 4, 3, H200
@@ -144,7 +190,8 @@ def test_int64_offset_path_matches(device: str, index_64: bool, monkeypatch: pyt
     outs = [torch.empty(2, 3, 10, 24, device=device) for _ in range(2)]
     gqa_triton.reduce_bwd_kernel[rgrid](g, g, *outs, *rargs, **{**rmeta, "INDEX_64": index_64})
     ref = g.double().unflatten(1, (3, 5)).sum(2)
-    torch.testing.assert_close(outs[0].double(), ref, rtol=1e-6, atol=1e-5)
+    for out in outs:  # k's programs and v's
+        torch.testing.assert_close(out.double(), ref, rtol=1e-6, atol=1e-5)
 
 
 def test_compiled_handle_launch_is_reused_and_exact(device: str) -> None:
@@ -205,7 +252,8 @@ def test_unknown_size_rules_are_exact(device: str, shape: tuple[int, int, int, i
     gqa_triton.reduce_bwd_kernel[rplan.grid](g, g, *outs, *rplan.args, **rplan.meta)
     eager_out, _ = gqa_triton.reduce_backward(g, g, n_rep)
     # Bitwise equal to the eager settings: the summation order doesn't depend on the tiling.
-    assert_bitwise_equal(outs[0], eager_out)
+    for out in outs:
+        assert_bitwise_equal(out, eager_out)
 
 
 def test_traced_launch_matches_eager(device: str, monkeypatch: pytest.MonkeyPatch) -> None:

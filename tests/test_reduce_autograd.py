@@ -33,6 +33,7 @@ def test_reduce_group_sizes(backend: str, device: str, n_rep: int) -> None:
     gk = make_tensor((1, 2 * n_rep, 5, 33), torch.float32, "contiguous", device, seed=n_rep)
     out_k, out_v = _reduce(gk, gk, n_rep)
     assert_reduce_close(out_k, gk, 2)
+    assert_reduce_close(out_v, gk, 2)
     assert out_k.data_ptr() != out_v.data_ptr()
 
 
@@ -44,8 +45,11 @@ def test_reduce_mixed_dtypes_and_empty(backend: str, device: str) -> None:
     assert out_v.shape == (2, 2, 5, 0) and out_v.dtype == torch.float64
 
 
-def test_reduce_propagates_nan(backend: str, device: str) -> None:
-    g = make_tensor((1, 4, 3, 8), torch.float32, "contiguous", device, seed=4)
+@pytest.mark.parametrize("dtype", GRAD_DTYPES, ids=short)
+def test_reduce_propagates_nan(backend: str, device: str, dtype: torch.dtype) -> None:
+    """A NaN sums to NaN and an infinity to an infinity in every gradient dtype (the
+    half-precision results are rounded from float32 bits, where the two differ by one bit)."""
+    g = make_tensor((1, 4, 3, 8), dtype, "contiguous", device, seed=4)
     g[0, 1, 2, 5] = float("nan")
     g[0, 2, 0, 0] = float("inf")
     out, _ = _reduce(g, g, 2)
