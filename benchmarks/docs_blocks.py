@@ -110,8 +110,8 @@ def _worked_example(r: dict[str, Any], shape: str = "llama3-8b") -> str:
             assert ours is not None and theirs is not None, "the run has no ceiling"
             return (
                 f"The benchmark measured {t:.4f} ms, {x['bytes'] / t / 1e6:.0f} GB/s, "
-                f"{md.floor(ours)}% of the ceiling; Hugging Face's eager `repeat_kv` on the same shape reached "
-                f"{md.floor(theirs)}% ({md.where(r)})."
+                f"{targets.floor(ours)}% of the ceiling; Hugging Face's eager `repeat_kv` on the same shape reached "
+                f"{targets.floor(theirs)}% ({md.where(r)})."
             )
     return f"The committed run has no bfloat16 forward of {shape}."
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from benchmarks import cli, results, targets
 from benchmarks.cases import Shape
+from benchmarks.targets import floor
 
 Report = dict[str, Any]
 PEERS = {
@@ -32,11 +33,6 @@ COLOURS = {
     "repeat_interleave": "#2ca02c",
     "compiled_hf": "#9467bd",
 }
-
-
-def floor(value: float, digits: int = 1) -> str:
-    # The epsilon keeps a binary fraction just under a decimal one (0.7999...) from losing a digit.
-    return f"{math.floor(value * 10**digits + 1e-6) / 10**digits:.{digits}f}"
 
 
 def fx(value: float, digits: int = 2) -> str:

@@ -28,6 +28,13 @@ TIMINGS = ("graph", "call")
 Row = dict[str, Any]
 
 
+def floor(value: float, digits: int = 1) -> str:
+    """``value`` truncated to ``digits`` decimals, as every figure set against a target is
+    shown: never rounded up to it."""
+    # The epsilon keeps a binary fraction just under a decimal one (0.7999...) from losing a digit.
+    return f"{math.floor(value * 10**digits + 1e-6) / 10**digits:.{digits}f}"
+
+
 def reps(value: float | list[float] | None) -> list[float]:
     return [] if value is None else value if isinstance(value, list) else [value]
 

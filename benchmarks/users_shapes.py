@@ -27,7 +27,6 @@ import torch
 
 import neuralops_gqa
 from benchmarks import cases, cli, peers, results, targets, timing
-from benchmarks import report as md
 from benchmarks.cases import Shape
 
 KEY = ("config", "kv_heads", "heads", "dim", "seq", "batch", "layout", "dtype", "direction")
@@ -104,11 +103,11 @@ def verdict(report: dict[str, Any]) -> str:
         f"{g}: {t['points']} points >= {targets.MIN_MB} MB, {len(t['under_copy'])} under "
         f"{targets.COPY_FLOOR_PCT:g}% of the copy"
         + (
-            f" (lowest {md.floor(t['under_copy'][0][0])}%, {t['under_copy'][0][1]})"
+            f" (lowest {targets.floor(t['under_copy'][0][0])}%, {t['under_copy'][0][1]})"
             if t["under_copy"]
             else ""
         )
-        + f", geomean {md.floor(t['geomean'])}%, {len(t['under_ceiling'])} of {t['ceiling_points']} under the "
+        + f", geomean {targets.floor(t['geomean'])}%, {len(t['under_ceiling'])} of {t['ceiling_points']} under the "
         f"ceiling floor, {len(t['slower'])} slower than a peer, {len(t['wrong'])} wrong: "
         f"{'met' if t['met'] else 'missed'}"
         for g, t in targets.judge(report["rows"], report["ceiling_gbs"], group, name).items()
