@@ -218,18 +218,22 @@ _LEARNT_DEVICES: set[str] = set()
 
 def _plain_keys(x: Tensor) -> bool:
     """Whether ``x``'s dispatch keys are a plain dense CPU or CUDA tensor's, learnt from a
-    fresh tensor of each device type (and an inference tensor) the first time one is met."""
+    fresh tensor of each device type (and an inference tensor) the first time one is met
+    where a fresh tensor is plain: inside a ``torch.func`` transform or a mode it would be
+    the transform's wrapper, so nothing is learnt there and ``x`` counts as not plain."""
     keys = _dispatch_keys(x).raw_repr()
     if keys in _PLAIN_KEYS:
         return True
     device = x.device
-    if device.type not in ("cpu", "cuda") or device.type in _LEARNT_DEVICES:
+    if device.type not in ("cpu", "cuda") or device.type in _LEARNT_DEVICES or _watched():
         return False
     _LEARNT_DEVICES.add(device.type)
+    with torch.inference_mode(False):  # a normal tensor, also where inference mode is on
+        fresh = torch.empty(0, device=device)
     with torch.inference_mode():
         inference = torch.empty(0, device=device)
-    for fresh in (torch.empty(0, device=device), inference):
-        _PLAIN_KEYS.add(_dispatch_keys(fresh).raw_repr())
+    for made in (fresh, inference):
+        _PLAIN_KEYS.add(_dispatch_keys(made).raw_repr())
     return keys in _PLAIN_KEYS
 
 

@@ -130,6 +130,31 @@ def test_plain_gradients_are_laid_out_like_their_inputs(
 
 
 @needs_internals
+def test_plain_keys_are_learnt_only_where_a_fresh_tensor_is_plain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a plain tensor's dispatch keys are is learnt the first time it is asked. Asked
+    first inside a ``torch.func`` transform or inference mode, the fresh tensor it learns
+    from would be a wrapper or an inference tensor: ``repeat_kv`` then took a transform's
+    wrapper for a plain tensor and read its data pointer (a crash under ``grad``, a false
+    freed-storage error under ``functionalize``), and plain tensors were never learnt."""
+    monkeypatch.setattr(eager, "_PLAIN_KEYS", set())  # a process that has learnt nothing yet
+    monkeypatch.setattr(eager, "_LEARNT_DEVICES", set())
+    x = make_tensor((1, 2, 3, 4), torch.float64, "contiguous", "cpu", seed=1)
+    got = torch.func.grad(lambda t: neuralops_gqa.repeat_kv(t, 2).sin().sum())(x)
+    want = torch.func.grad(lambda t: expand_oracle(t, 2).sin().sum())(x)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    assert_bitwise_equal(
+        torch.func.functionalize(lambda t: neuralops_gqa.repeat_kv(t, 2))(x), expand_oracle(x, 2)
+    )
+    with torch.inference_mode():
+        eager._plain_keys(torch.empty(0))
+    assert eager._plain_keys(torch.empty(0))  # a normal tensor: plain, once asked outside
+    freed = x.clone()
+    freed.untyped_storage().resize_(0)
+    with pytest.raises(RuntimeError, match="repeat_kv: hidden_states has 24 elements but no memory"):
+        neuralops_gqa.repeat_kv(freed, 2)
+
+
+@needs_internals
 def test_a_head_dim_of_one_keeps_its_layout(backend: str, device: str) -> None:
     """Head dim 1 of a permuted dense tensor: its stride is not 1 but says nothing, so the
     gradient still takes the input's strides (``torch.empty_like``'s), with the registered
