@@ -174,7 +174,13 @@ def main(argv: list[str] | None = None) -> int:
         reports = results.read(parser, args.combine, "--combine", "users_shapes")
         combined = {**reports[0], "runs": [run for r in reports for run in r["runs"]]}
         # Each point keeps its own run's ceiling, which its target is judged against.
-        combined.update(rows=[{**row, "ceiling_gbs": r["ceiling_gbs"]} for r in reports for row in r["rows"]])
+        combined.update(
+            rows=[
+                {**row, "ceiling_gbs": row.get("ceiling_gbs", r["ceiling_gbs"])}
+                for r in reports
+                for row in r["rows"]
+            ]
+        )
         combined["ceiling_gbs"] = statistics.median(r["ceiling_gbs"] or 0 for r in reports) or None
         results.write(combined, path)
         print(f"{verdict(combined)}\nwrote {path}")

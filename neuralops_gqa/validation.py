@@ -91,10 +91,11 @@ def check_memory(op: str, name: str, x: Tensor) -> None:
 def integer(op: str, name: str, value: object) -> int:
     """``value`` as an ``int`` (a symbolic size stays one), or a ``TypeError`` naming it: an
     integer is whatever ``operator.index`` takes (a numpy integer, a one-element integer
-    tensor), as for PyTorch's own int arguments; never a ``bool``, a float or a float tensor."""
-    if type(value) is int or isinstance(value, SymInt):
+    tensor), as for PyTorch's own int arguments; never a ``bool`` (nor a bool tensor), a float
+    or a float tensor."""
+    if isinstance(value, (int, SymInt)) and not isinstance(value, bool):
         return value  # type: ignore[return-value]
-    if not isinstance(value, bool):
+    if not isinstance(value, bool) and not (isinstance(value, Tensor) and value.dtype == torch.bool):
         try:
             return operator.index(value)  # type: ignore[arg-type]
         except TypeError:

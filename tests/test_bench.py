@@ -351,7 +351,7 @@ def test_targets_truncate_and_a_wrong_point_meets_nothing() -> None:
     ]
     text = report.targets_text(rows, 1e6, lambda r: r["config"])
     assert "| 1 | 94.9% (a) |" in text and "95.0" not in text
-    assert "Wrong results" in text and text.rstrip().endswith(": w.")
+    assert "| no |" in text and "Wrong results" in text and text.rstrip().endswith(": w.")
     judged = targets.judge(rows, 1e6, lambda r: "g", lambda r: r["config"])
     assert set(judged) == {"g, graph", "g, call"} and all(
         t["wrong"] == ["w"] and not t["met"] for t in judged.values()

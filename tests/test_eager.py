@@ -368,7 +368,7 @@ def test_backend_variable_takes_effect_on_the_next_call(device: str, monkeypatch
 @pytest.mark.parametrize(
     "heads",
     [(2.0, 2.0), (2.0, 4), ("2", "2"), (True, True), (2, None), (2, torch.tensor(4.7)), (torch.tensor(2.0), 4),
-     (2, np.float64(4.0)), (np.True_, 2)],
+     (2, np.float64(4.0)), (np.True_, 2), (torch.tensor(True), 2)],
 )  # fmt: skip
 def test_head_counts_must_be_integers(device: str, heads: tuple[object, object]) -> None:
     """A float (a float tensor too, which the dispatcher's parser would truncate), a string,

@@ -385,10 +385,11 @@ def _tiny_from(config: Any, *names: str) -> list[torch.nn.Module]:
 
 def test_gemma4_kv_shared_layers_refuse_queries_cut_without_a_mask() -> None:
     """Gemma 4 cuts its KV-shared layers' queries to the kept logits under any attention name
-    but the literal "sdpa", with no mask: SDPA would align them with the first keys and give
-    other logits than stock's. "neuralops_sdpa" refuses those calls by name; its full
-    forward and a padded batch (a mask) stay stock's bits, and "neuralops_eager" (always a
-    mask) is stock's with the cut queries too."""
+    but the literal "sdpa", with no mask: SDPA would align several with the first keys and
+    give other logits than stock's. "neuralops_sdpa" refuses those calls by name; its full
+    forward, a padded batch (a mask), one kept query and a generate with a dynamic cache
+    (what stock cuts too) stay stock's bits, and "neuralops_eager" (always a mask) is
+    stock's with the cut queries too."""
     if not hasattr(transformers, "Gemma4TextConfig"):
         pytest.skip(f"transformers {transformers.__version__} has no Gemma 4")
     config = transformers.Gemma4TextConfig(
@@ -412,6 +413,21 @@ def test_gemma4_kv_shared_layers_refuse_queries_cut_without_a_mask() -> None:
         assert torch.equal(
             our_eager(input_ids=ids, logits_to_keep=3).logits, eager(input_ids=ids, logits_to_keep=3).logits
         )
+        # One kept query, as stock cuts it too with a dynamic cache: no refusal, stock's bits.
+        assert torch.equal(
+            ours(input_ids=ids, logits_to_keep=1).logits, stock(input_ids=ids, logits_to_keep=1).logits
+        )
+    settings = {
+        "max_new_tokens": 3,
+        "do_sample": False,
+        "output_logits": True,
+        "return_dict_in_generate": True,
+    }
+    got, want = (
+        m.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **settings) for m in (ours, stock)
+    )
+    assert torch.equal(got.sequences, want.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(got.logits, want.logits))
 
 
 @pytest.mark.parametrize("ours", ["neuralops_sdpa", "neuralops_eager"])

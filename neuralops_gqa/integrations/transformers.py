@@ -172,9 +172,10 @@ def _refuse_what_stock_names_would_change(
       model masks the keys the indexer left out; under any other it passes ``indices``,
       which the stock functions ignore, attending densely;
     - a KV-shared layer's queries cut to the last tokens without a mask (Gemma 4 with
-      ``logits_to_keep``): the model cuts them under any name but ``"sdpa"``, and SDPA's
-      causal flag then aligns them with the first keys (and a static cache's empty slots).
-      Its eager attention always gets a mask, so only ``"neuralops_sdpa"`` refuses it.
+      ``logits_to_keep`` above 1): the model cuts them under any name but ``"sdpa"``, and
+      SDPA's causal flag then aligns them with the first keys. Its eager attention always
+      gets a mask, so only ``"neuralops_sdpa"`` refuses it. One kept query is what stock
+      gets too, except with a static cache (docs/usage/transformers.md).
     """
     if kwargs.get("indices") is not None:
         raise NotImplementedError(
@@ -184,9 +185,9 @@ def _refuse_what_stock_names_would_change(
     if (
         name == SDPA
         and mask is None
-        and getattr(module, "is_kv_shared_layer", False)
-        and query.shape[2] < key.shape[2]
+        and 1 < query.shape[2] < key.shape[2]  # one query with no mask: a decoding step, as in stock
         and _model_cuts_queries(type(module))
+        and getattr(module, "is_kv_shared_layer", False)
     ):
         raise NotImplementedError(
             f'attn_implementation="{name}": this KV-shared layer ({type(module).__name__}) got {query.shape[2]} '
